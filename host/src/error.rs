@@ -1,0 +1,95 @@
+//! Typed errors. Every failed check names the tensor (or parameter) and what
+//! was expected; a call that returns one of these has written nothing.
+
+use cudarc::driver::DriverError;
+
+/// Errors of plan creation and `execute`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A shape parameter is outside the supported envelope.
+    #[error("unsupported shape: {name} = {value}; expected {expected}")]
+    Shape {
+        /// Parameter name (`heads`, `head_dim`, `batch`, ...).
+        name: &'static str,
+        /// The value given.
+        value: usize,
+        /// What is supported.
+        expected: &'static str,
+    },
+    /// A scalar is not finite.
+    #[error("{name} must be finite, got {value}")]
+    NonFinite {
+        /// Scalar name.
+        name: &'static str,
+        /// The value given.
+        value: f32,
+    },
+    /// A tensor has the wrong number of elements.
+    #[error("{tensor}: expected {expected} elements, got {actual}")]
+    Length {
+        /// Tensor name.
+        tensor: &'static str,
+        /// Elements the plan's shape requires.
+        expected: usize,
+        /// Elements given.
+        actual: usize,
+    },
+    /// A tensor has the wrong element type for the plan's options.
+    #[error("{tensor}: expected element type {expected}, got {actual}")]
+    Dtype {
+        /// Tensor name.
+        tensor: &'static str,
+        /// Type the options require.
+        expected: &'static str,
+        /// Type given.
+        actual: &'static str,
+    },
+    /// A device address is not aligned as a kernel needs.
+    #[error("{tensor}: device address {address:#x} must be {align}-byte aligned")]
+    Alignment {
+        /// Tensor name.
+        tensor: &'static str,
+        /// The address.
+        address: u64,
+        /// Required alignment in bytes.
+        align: u64,
+    },
+    /// A buffer lives on another device/context than the plan.
+    #[error("{tensor}: buffer belongs to another CUDA context than the plan (device {expected} expected)")]
+    Device {
+        /// Tensor (or `stream`).
+        tensor: &'static str,
+        /// The plan's device ordinal.
+        expected: usize,
+    },
+    /// An output range overlaps an input or another output.
+    #[error("{output} overlaps {other}: outputs must not alias any other tensor")]
+    Overlap {
+        /// The output tensor.
+        output: &'static str,
+        /// The tensor it overlaps.
+        other: &'static str,
+    },
+    /// The workspace is missing or too small.
+    #[error("workspace: {required} bytes required, {given} given")]
+    Workspace {
+        /// Bytes the plan needs (`Plan::workspace_bytes`).
+        required: usize,
+        /// Bytes given.
+        given: usize,
+    },
+    /// The GPU is not one this build has kernels for.
+    #[error("unsupported GPU: compute capability {major}.{minor}; kernels exist for sm_90 (Hopper) and sm_100 (Blackwell, compiled but not executed)")]
+    UnsupportedDevice {
+        /// Major compute capability.
+        major: i32,
+        /// Minor compute capability.
+        minor: i32,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] DriverError),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

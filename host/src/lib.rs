@@ -1,0 +1,31 @@
+//! Backward pass of the DeepSeek Sparse Attention lightning indexer.
+//!
+//! Given the indexer's inputs (`index_q`, `weights`, `index_k`), the main
+//! attention's distribution over each query row's `topk` selected keys
+//! (`attn_score`, the target), the indexer's own distribution over them
+//! (`index_score`, the predict) and the key ids (`topk_indices`), computes
+//! the gradients of the KL loss: `d_index_q`, `d_weights`, `d_index_k`, and
+//! writes the score gradient (grad_signal) over `attn_score`. The math and
+//! the contract are in `SPEC.md` of the project.
+//!
+//! - [`Plan`]: built once for a [`Shape`] and [`Options`] on a CUDA context;
+//!   [`Plan::execute`] validates everything, then runs on the caller's
+//!   stream (GPU kernels written in Rust, PTX embedded in this crate).
+//! - [`cpu`]: a multi-threaded f64 implementation of the same math: the test
+//!   oracle, and [`cpu::execute`], the fallback where no GPU is present.
+//!
+//! Runs on: NVIDIA Hopper (sm_90, tested on H200). Blackwell (sm_100) PTX is
+//! compiled and assembled but has not been executed.
+
+pub mod cpu;
+mod error;
+pub mod gpu;
+mod plan;
+mod shape;
+
+pub use cudarc;
+pub use error::{Error, Result};
+pub use gpu::cuda_device_count;
+pub use half::bf16;
+pub use plan::{GradOut, Inputs, Outputs, Plan};
+pub use shape::{GradDtype, KeyIds, Options, ScoreKind, Shape};

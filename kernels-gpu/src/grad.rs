@@ -1,0 +1,487 @@
+//! The fused row kernel: stage 1 (score gradient, written in place over
+//! `attn_score`) and stage 2 (S, gate, dS, d_weights, d_index_q, scatter-add
+//! into the f32 `d_index_k` accumulator) for one query row per CTA.
+//!
+//! Roles inside a CTA (all threads take part in each, separated by
+//! `bar.sync`): load (q, w, then per chunk the gathered K rows), MMA (S, dQ,
+//! dK on `mma.sync` tensor cores), epilogue/reduce (gate and dS, d_weights,
+//! the dK scatter with `red.global.add.f32`, final dQ/dW stores).
+//!
+//! Determinism: every sum that feeds `d_index_q`, `d_weights` or
+//! grad_signal is taken in a fixed order inside one CTA, so those outputs
+//! are bitwise reproducible; only `d_index_k` uses atomics.
+
+use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE};
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::{cvt, global, mma, sreg, sync};
+use crate::tiles::{RowSmem, CHUNK, GRAD_THREADS, GRAD_WARPS, MMA_K, MMA_M, MMA_N, ROW_PAD};
+
+/// `exp(-100)` rounded to f32: 27 * 2^-149, a subnormal. For every f32 `x`,
+/// `x >= CLIP` agrees with `x >= exp(-100)` computed exactly, because
+/// `exp(-100)` lies between 26 and 27 units of 2^-149.
+const CLIP: f32 = f32::from_bits(27);
+
+/// `exp(x)` in f32 to about 1 ulp (no fast-math `ex2.approx`): Cody-Waite
+/// reduction `x = n ln2 + r`, a degree-7 polynomial for `e^r`, then scaling
+/// by `2^n` in two steps so subnormal results stay exact enough.
+#[inline(always)]
+fn expf(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x > 88.72283 {
+        return f32::INFINITY;
+    }
+    if x < -103.97208 {
+        return 0.0;
+    }
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let t = x * core::f32::consts::LOG2_E;
+    let n = if t >= 0.0 {
+        (t + 0.5) as i32
+    } else {
+        (t - 0.5) as i32
+    };
+    let nf = n as f32;
+    let r = (x - nf * LN2_HI) - nf * LN2_LO;
+    // e^r on |r| <= 0.35: Taylor to r^7 (truncation < 3e-9 relative).
+    let mut e = 1.0 / 5040.0;
+    e = e * r + 1.0 / 720.0;
+    e = e * r + 1.0 / 120.0;
+    e = e * r + 1.0 / 24.0;
+    e = e * r + 1.0 / 6.0;
+    e = e * r + 0.5;
+    e = e * r + 1.0;
+    e = e * r + 1.0;
+    let n1 = n / 2;
+    let n2 = n - n1;
+    e * pow2(n1) * pow2(n2)
+}
+
+/// `2^k` for `-126 <= k <= 127`.
+#[inline(always)]
+fn pow2(k: i32) -> f32 {
+    f32::from_bits(((k + 127) as u32) << 23)
+}
+
+/// Stage 1 terms of one slot: `(g_t, predict_t)` with
+/// `g_t = -max(target, CLIP) * [predict >= CLIP] * c`.
+#[inline(always)]
+fn score_terms(target: f32, score: f32, log: bool, c: f32) -> (f32, f32) {
+    let (predict, keep) = if log {
+        (expf(score), score >= -100.0)
+    } else {
+        (score, score >= CLIP)
+    };
+    let g = if keep {
+        -(if target > CLIP { target } else { CLIP }) * c
+    } else {
+        0.0
+    };
+    (g, predict)
+}
+
+/// Resolves a slot's key id to a row of the flat `(B*S_k, D)` view of
+/// `index_k`, or -1 for padding (negative or out of range; a local id never
+/// aliases another batch). The host guarantees `B*S_k <= i32::MAX`.
+#[inline(always)]
+fn resolve(id: i32, b: u32, p: &GradParams) -> i32 {
+    if id < 0 {
+        return -1;
+    }
+    if p.flags & FLAG_LOCAL_IDS != 0 {
+        if (id as u32) < p.seq_k {
+            (b * p.seq_k + id as u32) as i32
+        } else {
+            -1
+        }
+    } else if (id as u64) < p.batch as u64 * p.seq_k as u64 {
+        id
+    } else {
+        -1
+    }
+}
+
+/// Byte address of bf16 element `(r, col)` of a shared tile with `cols`
+/// logical columns (rows padded by [`ROW_PAD`]).
+#[inline(always)]
+fn at(tile: SmemAddr, cols: u32, r: u32, col: u32) -> SmemAddr {
+    tile.add((r * (cols + ROW_PAD) + col) * 2)
+}
+
+/// Two bf16 of one column and consecutive rows `r`, `r+1`, packed with row
+/// `r` in the low half (the "col" operand layout of `mma.sync`).
+///
+/// # Safety
+/// Both elements must lie inside the tile.
+#[inline(always)]
+unsafe fn ld_col_pair(tile: SmemAddr, cols: u32, r: u32, col: u32) -> u32 {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        smem::ld_u16(at(tile, cols, r, col)) | (smem::ld_u16(at(tile, cols, r + 1, col)) << 16)
+    }
+}
+
+/// The kernel body for `H` heads and head dimension `D`; `MT = H / 16`
+/// m-tiles of heads, `NQ = D / 64` n-tiles of D columns per warp.
+///
+/// # Safety
+/// Launched with `GRAD_THREADS` threads, one CTA per query row (grid
+/// `B * S_q`), `RowSmem::new(H, D).bytes` of dynamic shared memory, and a
+/// `GradParams` whose pointers and sizes the host has validated.
+#[inline(always)]
+unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>(p: &GradParams) {
+    const { assert!(MT * MMA_M as usize == H && NQ * (MMA_N * GRAD_WARPS) as usize == D) };
+    let (h_u, d_u) = (H as u32, D as u32);
+    let l = RowSmem::new(h_u, d_u);
+    let base = smem::base();
+    let (sq, sk, sds) = (base.add(l.q), base.add(l.k), base.add(l.ds));
+    let (sgs, srows, sw, sred) = (
+        base.add(l.gs),
+        base.add(l.rows),
+        base.add(l.w),
+        base.add(l.red),
+    );
+
+    let tid = sreg::thread_idx_x();
+    let warp = tid / 32;
+    let lane = tid % 32;
+    let g = lane / 4;
+    let c = 2 * (lane % 4);
+    let row = sreg::block_idx_x();
+    let b = row / p.seq_q.max(1); // seq_q >= 1 (host-checked); max avoids a panic path
+    let topk = p.topk as usize;
+    let log = p.flags & FLAG_LOG_SCORE != 0;
+    let sm_scale = p.sm_scale;
+    let row_slots = row as usize * topk;
+    let attn = p.attn_score as *mut f32;
+    let score = p.index_score as *const f32;
+    let ids = p.topk_indices as *const i32;
+
+    // ---- load: q row and weights into shared memory ----
+    let vec_per_row = d_u / 8; // 16-byte vectors per bf16 row of D
+    let qrow = (p.index_q as *const u8).wrapping_add(row as usize * H * D * 2);
+    let mut v = tid;
+    while v < h_u * vec_per_row {
+        let (h, cc) = (v / vec_per_row, v % vec_per_row);
+        // SAFETY: the row has H*D bf16; 16-byte aligned (host-checked base,
+        // D*2 a multiple of 16); the destination vector is this thread's.
+        unsafe {
+            smem::st_v4(
+                at(sq, d_u, h, cc * 8),
+                global::ld_nc_v4(qrow.add(v as usize * 16)),
+            )
+        };
+        v += GRAD_THREADS;
+    }
+    let mut h = tid;
+    while h < h_u {
+        // SAFETY: weights has B*S_q*H bf16; this thread owns slot h of `sw`.
+        unsafe {
+            let wb = *(p.weights as *const u16).add(row as usize * H + h as usize);
+            smem::st_f32(sw.add(4 * h), cvt::bf16_to_f32(wb));
+        }
+        h += GRAD_THREADS;
+    }
+
+    // ---- stage 1, pass 1: G = sum_t g_t in a fixed order ----
+    // SAFETY: grad_loss is one f32 on the device (host-checked).
+    let coeff = p.coeff * unsafe { *(p.grad_loss as *const f32) };
+    let mut part = 0.0f32;
+    let mut t = tid as usize;
+    while t < topk {
+        // SAFETY: t < topk, inside this row's slots.
+        let (gt, _) = unsafe {
+            score_terms(
+                *attn.add(row_slots + t),
+                *score.add(row_slots + t),
+                log,
+                coeff,
+            )
+        };
+        part += gt;
+        t += GRAD_THREADS as usize;
+    }
+    // SAFETY: every lane of every warp reaches these collectives/barriers.
+    let big_g = unsafe {
+        let wsum = sync::warp_sum_f32(part);
+        if lane == 0 {
+            smem::st_f32(sred.add(4 * warp), wsum);
+        }
+        sync::bar_sync();
+        let mut s = 0.0f32;
+        for w in 0..GRAD_WARPS {
+            s += smem::ld_f32(sred.add(4 * w));
+        }
+        s
+    };
+
+    let mut acc_q = [[[0.0f32; 4]; NQ]; MT];
+    let mut dw = [[0.0f32; 2]; MT];
+    let dbase = warp * (d_u / GRAD_WARPS); // this warp's D columns for dQ and dK
+    let dk = p.dk_accum as *mut f32;
+
+    let mut t0 = 0usize;
+    while t0 < topk {
+        // ---- stage 1, pass 2 for this chunk: grad_signal, written in place ----
+        if tid < CHUNK {
+            let t = t0 + tid as usize;
+            let (gs, r) = if t < topk {
+                // SAFETY: t < topk; this thread is the only one touching slot t
+                // now, and every pass-1 read finished before the barrier above.
+                unsafe {
+                    let (gt, pr) = score_terms(
+                        *attn.add(row_slots + t),
+                        *score.add(row_slots + t),
+                        log,
+                        coeff,
+                    );
+                    let gs = gt - pr * big_g;
+                    *attn.add(row_slots + t) = gs;
+                    (gs, resolve(*ids.add(row_slots + t), b, p))
+                }
+            } else {
+                (0.0, -1)
+            };
+            // SAFETY: slot tid of `sgs`/`srows` belongs to this thread.
+            unsafe {
+                smem::st_f32(sgs.add(4 * tid), gs);
+                smem::st_u32(srows.add(4 * tid), r as u32);
+            }
+        }
+        // SAFETY: uniform barrier.
+        unsafe { sync::bar_sync() };
+
+        // ---- load: gather the chunk's K rows (zeros for padding) ----
+        let mut v = tid;
+        while v < CHUNK * vec_per_row {
+            let (slot, cc) = (v / vec_per_row, v % vec_per_row);
+            // SAFETY: `srows` was filled before the barrier; a valid row is
+            // < B*S_k so the 16-byte vector lies inside index_k.
+            unsafe {
+                let r = smem::ld_u32(srows.add(4 * slot)) as i32;
+                let data = if r >= 0 {
+                    let src = (p.index_k as *const u8).add((r as usize * D + cc as usize * 8) * 2);
+                    global::ld_nc_v4(src)
+                } else {
+                    [0; 4]
+                };
+                smem::st_v4(at(sk, d_u, slot, cc * 8), data);
+            }
+            v += GRAD_THREADS;
+        }
+        // SAFETY: uniform barrier.
+        unsafe { sync::bar_sync() };
+
+        // ---- MMA: S = Q K^T, this warp's 8 slots, all heads ----
+        let mut s = [[0.0f32; 4]; MT];
+        let n0 = warp * MMA_N;
+        for ks in 0..sync::opaque_u32(d_u / MMA_K) {
+            let k0 = ks * MMA_K;
+            // SAFETY: indices stay inside the q and K tiles; full warp.
+            unsafe {
+                let bf = [
+                    smem::ld_u32(at(sk, d_u, n0 + g, k0 + c)),
+                    smem::ld_u32(at(sk, d_u, n0 + g, k0 + c + 8)),
+                ];
+                for (mt, acc) in s.iter_mut().enumerate() {
+                    let h0 = mt as u32 * MMA_M;
+                    let af = [
+                        smem::ld_u32(at(sq, d_u, h0 + g, k0 + c)),
+                        smem::ld_u32(at(sq, d_u, h0 + g + 8, k0 + c)),
+                        smem::ld_u32(at(sq, d_u, h0 + g, k0 + c + 8)),
+                        smem::ld_u32(at(sq, d_u, h0 + g + 8, k0 + c + 8)),
+                    ];
+                    mma::mma_bf16_16816(acc, af, bf);
+                }
+            }
+        }
+
+        // ---- epilogue: gate, dS (bf16, shared), d_weights partials ----
+        let tl = n0 + c;
+        // SAFETY: `sgs`, `srows`, `sw` were written before a barrier; each
+        // thread stores its own two dS columns of its own head rows.
+        unsafe {
+            let gs = [
+                smem::ld_f32(sgs.add(4 * tl)),
+                smem::ld_f32(sgs.add(4 * (tl + 1))),
+            ];
+            let valid = [
+                (smem::ld_u32(srows.add(4 * tl)) as i32) >= 0,
+                (smem::ld_u32(srows.add(4 * (tl + 1))) as i32) >= 0,
+            ];
+            for mt in 0..MT {
+                for half in 0..2 {
+                    let h = mt as u32 * MMA_M + g + 8 * half as u32;
+                    let wh = smem::ld_f32(sw.add(4 * h));
+                    let mut ds = [0.0f32; 2];
+                    for j in 0..2 {
+                        let sv = s[mt][2 * half + j] * sm_scale;
+                        if valid[j] && sv > 0.0 {
+                            ds[j] = gs[j] * wh;
+                            dw[mt][half] += gs[j] * sv;
+                        }
+                    }
+                    smem::st_u32(at(sds, CHUNK, h, tl), cvt::pack_bf16x2(ds[0], ds[1]));
+                }
+            }
+            sync::bar_sync();
+        }
+
+        // ---- MMA: dQ += dS K (this warp's D columns, all heads) ----
+        for ks in 0..sync::opaque_u32(CHUNK / MMA_K) {
+            let k0 = ks * MMA_K;
+            // SAFETY: indices stay inside the dS and K tiles; full warp.
+            unsafe {
+                for nq in 0..NQ {
+                    let col = dbase + nq as u32 * MMA_N + g;
+                    let bf = [
+                        ld_col_pair(sk, d_u, k0 + c, col),
+                        ld_col_pair(sk, d_u, k0 + c + 8, col),
+                    ];
+                    for (mt, acc) in acc_q.iter_mut().enumerate() {
+                        let h0 = mt as u32 * MMA_M;
+                        let af = [
+                            smem::ld_u32(at(sds, CHUNK, h0 + g, k0 + c)),
+                            smem::ld_u32(at(sds, CHUNK, h0 + g + 8, k0 + c)),
+                            smem::ld_u32(at(sds, CHUNK, h0 + g, k0 + c + 8)),
+                            smem::ld_u32(at(sds, CHUNK, h0 + g + 8, k0 + c + 8)),
+                        ];
+                        mma::mma_bf16_16816(&mut acc[nq], af, bf);
+                    }
+                }
+            }
+        }
+
+        // ---- MMA: dK_chunk = dS^T Q (all chunk slots, this warp's D columns) ----
+        const SLOT_TILES: usize = (CHUNK / MMA_M) as usize;
+        let mut kacc = [[[0.0f32; 4]; NQ]; SLOT_TILES];
+        for ks in 0..sync::opaque_u32(h_u / MMA_K) {
+            let k0 = ks * MMA_K;
+            // SAFETY: indices stay inside the dS and q tiles; full warp.
+            unsafe {
+                let mut bf = [[0u32; 2]; NQ];
+                for (nq, b) in bf.iter_mut().enumerate() {
+                    let col = dbase + nq as u32 * MMA_N + g;
+                    *b = [
+                        ld_col_pair(sq, d_u, k0 + c, col),
+                        ld_col_pair(sq, d_u, k0 + c + 8, col),
+                    ];
+                }
+                for (mt, acc) in kacc.iter_mut().enumerate() {
+                    // A[slot][h] = dS[h][slot]: consecutive heads are rows of dS.
+                    let s0 = mt as u32 * MMA_M;
+                    let af = [
+                        ld_col_pair(sds, CHUNK, k0 + c, s0 + g),
+                        ld_col_pair(sds, CHUNK, k0 + c, s0 + g + 8),
+                        ld_col_pair(sds, CHUNK, k0 + c + 8, s0 + g),
+                        ld_col_pair(sds, CHUNK, k0 + c + 8, s0 + g + 8),
+                    ];
+                    for nq in 0..NQ {
+                        mma::mma_bf16_16816(&mut acc[nq], af, bf[nq]);
+                    }
+                }
+            }
+        }
+
+        // ---- reduce: scatter-add dK rows of valid slots ----
+        for (mt, acc) in kacc.iter().enumerate() {
+            for half in 0..2 {
+                let slot = mt as u32 * MMA_M + g + 8 * half as u32;
+                // SAFETY: `srows` was written before a barrier; a valid row
+                // and column address lies inside the (B*S_k, D) accumulator.
+                unsafe {
+                    let r = smem::ld_u32(srows.add(4 * slot)) as i32;
+                    if r >= 0 {
+                        for (nq, a) in acc.iter().enumerate() {
+                            let col = dbase + nq as u32 * MMA_N + c;
+                            let dst = dk.add(r as usize * D + col as usize);
+                            global::red_add_f32(dst, a[2 * half] * sm_scale);
+                            global::red_add_f32(dst.add(1), a[2 * half + 1] * sm_scale);
+                        }
+                    }
+                }
+            }
+        }
+        // The next chunk overwrites the shared tiles.
+        // SAFETY: uniform barrier.
+        unsafe { sync::bar_sync() };
+        t0 += CHUNK as usize;
+    }
+
+    // ---- epilogue: d_index_q (bf16 pairs) ----
+    let dq = (p.d_index_q as *mut u32).wrapping_add(row as usize * H * D / 2);
+    for (mt, tiles) in acc_q.iter().enumerate() {
+        for (nq, a) in tiles.iter().enumerate() {
+            for half in 0..2 {
+                let h = mt * MMA_M as usize + g as usize + 8 * half;
+                let col = (dbase + nq as u32 * MMA_N + c) as usize;
+                let w = cvt::pack_bf16x2(a[2 * half] * sm_scale, a[2 * half + 1] * sm_scale);
+                // SAFETY: (h, col) is inside this row's H x D block; col even.
+                unsafe { *dq.add((h * D + col) / 2) = w };
+            }
+        }
+    }
+
+    // ---- epilogue: d_weights, fixed-order reduction over lanes and warps ----
+    // SAFETY: full warps run the shuffles; `sred` is free (its last readers
+    // passed several barriers); uniform barrier before the cross-warp sum.
+    unsafe {
+        // All shuffles first, at the top level of the warp's control flow,
+        // then one lane-conditional block of stores: keeps every lane on the
+        // same shfl.sync instructions.
+        let mut quad = [[0.0f32; 2]; MT];
+        for (q, pair) in quad.iter_mut().zip(dw.iter()) {
+            for (qv, &v) in q.iter_mut().zip(pair.iter()) {
+                *qv = sync::quad_sum_f32(v);
+            }
+        }
+        if lane % 4 == 0 {
+            for (mt, q) in quad.iter().enumerate() {
+                for (half, &v) in q.iter().enumerate() {
+                    let h = mt as u32 * MMA_M + g + 8 * half as u32;
+                    smem::st_f32(sred.add(4 * (warp * h_u + h)), v);
+                }
+            }
+        }
+        sync::bar_sync();
+        let mut h = tid;
+        while h < h_u {
+            let mut sum = 0.0f32;
+            for w in 0..GRAD_WARPS {
+                sum += smem::ld_f32(sred.add(4 * (w * h_u + h)));
+            }
+            let idx = row as usize * H + h as usize;
+            if p.flags & FLAG_DW_F32 != 0 {
+                *(p.d_weights as *mut f32).add(idx) = sum;
+            } else {
+                *(p.d_weights as *mut u16).add(idx) = cvt::pack_bf16x2(sum, 0.0) as u16;
+            }
+            h += GRAD_THREADS;
+        }
+    }
+}
+
+macro_rules! row_kernel {
+    ($name:ident, $h:literal, $d:literal) => {
+        /// Row kernel entry for this heads x dim; see [`rows`] for the launch contract.
+        ///
+        /// # Safety
+        /// As [`rows`].
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: GradParams) {
+            // SAFETY: forwarded launch contract.
+            unsafe { rows::<$h, $d, { $h / 16 }, { $d / 64 }>(&p) }
+        }
+    };
+}
+
+row_kernel!(indexer_bwd_rows_h16_d64, 16, 64);
+row_kernel!(indexer_bwd_rows_h16_d128, 16, 128);
+row_kernel!(indexer_bwd_rows_h32_d64, 32, 64);
+row_kernel!(indexer_bwd_rows_h32_d128, 32, 128);
+row_kernel!(indexer_bwd_rows_h64_d64, 64, 64);
+row_kernel!(indexer_bwd_rows_h64_d128, 64, 128);
+row_kernel!(indexer_bwd_rows_h128_d64, 128, 64);
+row_kernel!(indexer_bwd_rows_h128_d128, 128, 128);

@@ -1,0 +1,142 @@
+//! `#[repr(C)]` kernel parameter structs and kernel names, shared by the
+//! device code and the host launcher so the two cannot drift apart.
+//!
+//! Device pointers travel as `u64` so the structs are plain data on both
+//! sides; the host fills them from `CUdeviceptr`s after validation.
+
+/// Flag bit in [`GradParams::flags`]: ids are local to their batch
+/// (`0 <= id < S_k`, the kernel adds `b * S_k`); otherwise global.
+pub const FLAG_LOCAL_IDS: u32 = 1 << 0;
+/// Flag bit: `index_score` holds log-probabilities rather than probabilities.
+pub const FLAG_LOG_SCORE: u32 = 1 << 1;
+/// Flag bit: `d_weights` is written as f32 rather than bf16.
+pub const FLAG_DW_F32: u32 = 1 << 2;
+
+/// Parameters of the fused row kernel (score gradient + gradients), one CTA
+/// per query row `(b, s)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GradParams {
+    /// `index_q`, bf16 `(B, S_q, H, D)`, 16-byte aligned.
+    pub index_q: u64,
+    /// `weights`, bf16 `(B, S_q, H)`.
+    pub weights: u64,
+    /// `index_k`, bf16 `(B, S_k, D)`, 16-byte aligned.
+    pub index_k: u64,
+    /// `attn_score`, f32 `(B, S_q, topk)`: read as target, overwritten with grad_signal.
+    pub attn_score: u64,
+    /// `index_score`, f32 `(B, S_q, topk)`: read only.
+    pub index_score: u64,
+    /// `topk_indices`, i32 `(B, S_q, topk)`.
+    pub topk_indices: u64,
+    /// `grad_loss`, one f32 on the device, read at run time.
+    pub grad_loss: u64,
+    /// `d_index_q`, bf16 `(B, S_q, H, D)`, 4-byte aligned.
+    pub d_index_q: u64,
+    /// `d_weights`, bf16 or f32 (see [`FLAG_DW_F32`]) `(B, S_q, H)`.
+    pub d_weights: u64,
+    /// f32 `(B, S_k, D)` accumulator for `d_index_k`, zeroed before the launch.
+    pub dk_accum: u64,
+    /// Batch size B.
+    pub batch: u32,
+    /// Query rows per batch S_q.
+    pub seq_q: u32,
+    /// Key rows per batch S_k.
+    pub seq_k: u32,
+    /// Slots per query row.
+    pub topk: u32,
+    /// Softmax scale applied to `q . k`.
+    pub sm_scale: f32,
+    /// `loss_coeff / (B * S_q)`; the kernel multiplies by `grad_loss[0]`.
+    pub coeff: f32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// Keeps the struct a multiple of 8 bytes on both sides.
+    pub _pad: u32,
+}
+
+/// Parameters of the f32 -> bf16 cast of the `d_index_k` accumulator.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CastParams {
+    /// f32 source, 16-byte aligned.
+    pub src: u64,
+    /// bf16 destination, 8-byte aligned.
+    pub dst: u64,
+    /// Number of elements.
+    pub len: u64,
+}
+
+/// Parameters of the toolchain smoke kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SmokeParams {
+    /// u32 input, `len` elements.
+    pub input: u64,
+    /// u32 output, `len` elements.
+    pub output: u64,
+    /// Number of elements; a multiple of [`SMOKE_THREADS`].
+    pub len: u32,
+    /// Keeps the struct a multiple of 8 bytes.
+    pub _pad: u32,
+}
+
+/// Threads per CTA of the smoke kernel.
+pub const SMOKE_THREADS: u32 = 128;
+/// Dynamic shared memory of the smoke kernel: one mbarrier (8 bytes, padded
+/// to 16) followed by one u32 per thread.
+pub const SMOKE_SMEM_BYTES: u32 = 16 + 4 * SMOKE_THREADS;
+
+/// Name of the smoke kernel in the PTX.
+pub const SMOKE_KERNEL: &str = "smoke_mbarrier_reverse";
+/// Name of the cast kernel in the PTX.
+pub const CAST_KERNEL: &str = "cast_f32_to_bf16";
+/// Threads per CTA of the cast kernel.
+pub const CAST_THREADS: u32 = 256;
+/// Elements each cast thread converts per step (one 16-byte load).
+pub const CAST_VEC: u32 = 4;
+
+/// Heads supported by the row kernel.
+pub const SUPPORTED_HEADS: [u32; 4] = [16, 32, 64, 128];
+/// Head dimensions supported by the row kernel.
+pub const SUPPORTED_DIMS: [u32; 2] = [64, 128];
+
+/// PTX entry name of the row kernel specialised for `heads` x `dim`, or
+/// `None` outside the envelope.
+pub const fn grad_kernel_name(heads: u32, dim: u32) -> Option<&'static str> {
+    Some(match (heads, dim) {
+        (16, 64) => "indexer_bwd_rows_h16_d64",
+        (16, 128) => "indexer_bwd_rows_h16_d128",
+        (32, 64) => "indexer_bwd_rows_h32_d64",
+        (32, 128) => "indexer_bwd_rows_h32_d128",
+        (64, 64) => "indexer_bwd_rows_h64_d64",
+        (64, 128) => "indexer_bwd_rows_h64_d128",
+        (128, 64) => "indexer_bwd_rows_h128_d64",
+        (128, 128) => "indexer_bwd_rows_h128_d128",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_shape_has_a_kernel_and_others_do_not() {
+        for h in SUPPORTED_HEADS {
+            for d in SUPPORTED_DIMS {
+                let name = grad_kernel_name(h, d).expect("supported shape");
+                assert_eq!(name, std::format!("indexer_bwd_rows_h{h}_d{d}"));
+            }
+        }
+        assert!(grad_kernel_name(48, 128).is_none());
+        assert!(grad_kernel_name(64, 96).is_none());
+    }
+
+    #[test]
+    fn param_structs_have_the_layout_the_device_expects() {
+        assert_eq!(core::mem::size_of::<GradParams>(), 10 * 8 + 8 * 4);
+        assert_eq!(core::mem::size_of::<CastParams>(), 24);
+        assert_eq!(core::mem::size_of::<SmokeParams>(), 24);
+    }
+}

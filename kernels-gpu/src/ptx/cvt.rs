@@ -1,0 +1,39 @@
+//! Conversions between f32 and bf16.
+
+use core::arch::asm;
+
+/// Packs two f32 into a bf16x2 word (round to nearest even): `lo` in bits
+/// 0..16, `hi` in bits 16..32. One `cvt.rn.bf16x2.f32`.
+#[inline(always)]
+pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    // SAFETY: a register-to-register conversion, defined for every input.
+    unsafe {
+        asm!(
+            "cvt.rn.bf16x2.f32 {r}, {hi}, {lo};",
+            r = out(reg32) r,
+            hi = in(reg32) hi,
+            lo = in(reg32) lo,
+            options(pure, nomem, nostack),
+        )
+    }
+    r
+}
+
+/// bf16 bits to f32 (exact).
+#[inline(always)]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Low bf16 of a bf16x2 word as f32.
+#[inline(always)]
+pub fn lo_bf16_to_f32(w: u32) -> f32 {
+    f32::from_bits(w << 16)
+}
+
+/// High bf16 of a bf16x2 word as f32.
+#[inline(always)]
+pub fn hi_bf16_to_f32(w: u32) -> f32 {
+    f32::from_bits(w & 0xffff_0000)
+}

@@ -1,0 +1,33 @@
+//! Global-memory accesses with explicit state spaces and cache hints.
+
+use core::arch::asm;
+
+/// `ld.global.nc.v4.b32`: 16 bytes through the read-only path.
+///
+/// # Safety
+/// `p` must be 16-byte aligned, point into global memory that stays
+/// unmodified for the whole kernel, and be valid for 16 bytes.
+#[inline(always)]
+pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees alignment, validity and immutability.
+    unsafe {
+        asm!("ld.global.nc.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];",
+             x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
+             p = in(reg64) p, options(pure, readonly, nostack))
+    }
+    [x, y, z, w]
+}
+
+/// `red.global.add.f32`: atomic add without a return value.
+///
+/// # Safety
+/// `p` must be a 4-byte aligned f32 in global memory, valid for writes.
+#[inline(always)]
+pub unsafe fn red_add_f32(p: *mut f32, v: f32) {
+    // SAFETY: the caller guarantees a valid global f32 address; the
+    // reduction is atomic, so concurrent adds from other threads are fine.
+    unsafe {
+        asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    }
+}

@@ -1,0 +1,110 @@
+//! Dynamic shared memory: the `smem` symbol and typed 32-bit addresses.
+//!
+//! TMA, mbarrier, ldmatrix and tensor-core instructions take 32-bit
+//! shared-window addresses, so shared memory is addressed by [`SmemAddr`]
+//! and accessed through `ld.shared`/`st.shared` wrappers.
+
+use core::arch::{asm, global_asm};
+
+// The kernels' dynamic shared memory; its size is set at launch.
+global_asm!(".extern .shared .align 1024 .b8 smem[];");
+
+/// A byte address in the CTA's shared-memory window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct SmemAddr(pub u32);
+
+impl SmemAddr {
+    /// This address plus `bytes`.
+    #[inline(always)]
+    pub const fn add(self, bytes: u32) -> SmemAddr {
+        SmemAddr(self.0 + bytes)
+    }
+}
+
+/// Address of the start of dynamic shared memory (1024-byte aligned).
+#[inline(always)]
+pub fn base() -> SmemAddr {
+    let r: u32;
+    // SAFETY: takes the address of a symbol; no memory is touched.
+    unsafe { asm!("mov.u32 {r}, smem;", r = out(reg32) r, options(pure, nomem, nostack)) }
+    SmemAddr(r)
+}
+
+/// `ld.shared.b32`.
+///
+/// # Safety
+/// `a` must be 4-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn ld_u32(a: SmemAddr) -> u32 {
+    let r: u32;
+    // SAFETY: the caller guarantees an aligned in-bounds address.
+    unsafe {
+        asm!("ld.shared.b32 {r}, [{a}];", r = out(reg32) r, a = in(reg32) a.0,
+             options(pure, readonly, nostack))
+    }
+    r
+}
+
+/// `ld.shared.b16`, zero-extended.
+///
+/// # Safety
+/// `a` must be 2-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn ld_u16(a: SmemAddr) -> u32 {
+    let r: u16;
+    // SAFETY: the caller guarantees an aligned in-bounds address.
+    unsafe {
+        asm!("ld.shared.b16 {r}, [{a}];", r = out(reg16) r, a = in(reg32) a.0,
+             options(pure, readonly, nostack))
+    }
+    r as u32
+}
+
+/// `ld.shared.f32`.
+///
+/// # Safety
+/// As [`ld_u32`].
+#[inline(always)]
+pub unsafe fn ld_f32(a: SmemAddr) -> f32 {
+    // SAFETY: forwarded.
+    f32::from_bits(unsafe { ld_u32(a) })
+}
+
+/// `st.shared.b32`.
+///
+/// # Safety
+/// `a` must be 4-byte aligned and inside the launch's dynamic shared memory,
+/// and no other thread may access the word concurrently.
+#[inline(always)]
+pub unsafe fn st_u32(a: SmemAddr, v: u32) {
+    // SAFETY: the caller guarantees an aligned in-bounds, unshared address.
+    unsafe {
+        asm!("st.shared.b32 [{a}], {v};", a = in(reg32) a.0, v = in(reg32) v, options(nostack))
+    }
+}
+
+/// `st.shared.f32`.
+///
+/// # Safety
+/// As [`st_u32`].
+#[inline(always)]
+pub unsafe fn st_f32(a: SmemAddr, v: f32) {
+    // SAFETY: forwarded.
+    unsafe { st_u32(a, v.to_bits()) }
+}
+
+/// `st.shared.v4.b32`: 16 bytes.
+///
+/// # Safety
+/// `a` must be 16-byte aligned and inside the launch's dynamic shared memory,
+/// and no other thread may access those bytes concurrently.
+#[inline(always)]
+pub unsafe fn st_v4(a: SmemAddr, v: [u32; 4]) {
+    // SAFETY: the caller guarantees an aligned in-bounds, unshared address.
+    unsafe {
+        asm!("st.shared.v4.b32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) a.0,
+             x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
+             options(nostack))
+    }
+}

@@ -1,0 +1,90 @@
+//! CTA barriers, warp shuffles and trap.
+
+use core::arch::asm;
+
+/// `barrier.sync 0`: all threads of the CTA wait here; orders their shared
+/// and global memory accesses. The non-`.aligned` form, so it stays correct
+/// even if the compiler duplicates the call site into both arms of a
+/// lane-dependent branch.
+///
+/// # Safety
+/// Every thread of the CTA must reach the same barrier (no divergent call).
+#[inline(always)]
+pub unsafe fn bar_sync() {
+    // SAFETY: the caller guarantees CTA-uniform control flow. No `nomem`:
+    // the compiler must not move memory accesses across the barrier.
+    unsafe { asm!("barrier.sync 0;", options(nostack)) }
+}
+
+/// `shfl.sync.bfly.b32` over the full warp: the value of lane `lane ^ mask`.
+///
+/// # Safety
+/// All 32 lanes of the warp must execute the call with the same `mask`.
+#[inline(always)]
+pub unsafe fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
+    let r: f32;
+    // SAFETY: full-warp participation is guaranteed by the caller.
+    unsafe {
+        asm!(
+            "shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;",
+            r = out(reg32) r,
+            v = in(reg32) v,
+            m = in(reg32) mask,
+            // Not `pure`: a collective must not be sunk into a branch taken
+            // by some lanes only (LLVM would otherwise move it next to its
+            // single use under `if lane == 0`, and the warp would hang).
+            options(nomem, nostack),
+        )
+    }
+    r
+}
+
+/// Sum of `v` over the 32 lanes by a fixed butterfly, so the result is
+/// bitwise the same on every run; every lane gets the sum.
+///
+/// # Safety
+/// All 32 lanes of the warp must call it.
+#[inline(always)]
+pub unsafe fn warp_sum_f32(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        // SAFETY: forwarded from the caller.
+        v += unsafe { shfl_xor_f32(v, m) };
+        m >>= 1;
+    }
+    v
+}
+
+/// Sum over the four lanes of a quad (`lane / 4` equal), fixed order; every
+/// lane of the quad gets the sum.
+///
+/// # Safety
+/// All 32 lanes of the warp must call it.
+#[inline(always)]
+pub unsafe fn quad_sum_f32(v: f32) -> f32 {
+    // SAFETY: forwarded.
+    let v = v + unsafe { shfl_xor_f32(v, 1) };
+    // SAFETY: forwarded.
+    v + unsafe { shfl_xor_f32(v, 2) }
+}
+
+/// `trap`: aborts the kernel; the launch reports an error.
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: `trap` has no operands; it ends the thread (and the grid).
+    unsafe { asm!("trap;", options(noreturn, nostack)) }
+}
+
+/// Returns `x` unchanged, hidden from the optimiser: used for the trip count
+/// of outer loops over shared memory so LLVM keeps them as loops (only the
+/// inner loops over register arrays are unrolled), which keeps register
+/// pressure bounded.
+#[inline(always)]
+pub fn opaque_u32(x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a register move.
+    unsafe {
+        asm!("mov.b32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack))
+    }
+    r
+}

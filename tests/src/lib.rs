@@ -1,0 +1,504 @@
+//! Shared helpers of the integration tests and the benchmark: random
+//! problems, a GPU runner, error metrics, and GPU discovery that says
+//! `skipped: no CUDA device` (or fails under `INDEXER_REQUIRE_GPU=1`).
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use dsa_indexer_bwd::cpu::{Grads, HostInputs};
+use dsa_indexer_bwd::{
+    bf16, GradDtype, GradOut, Inputs, KeyIds, Options, Outputs, Plan, ScoreKind, Shape,
+};
+use rand::Rng;
+use std::sync::Arc;
+
+/// The CUDA context of device 0, or `None` (after printing
+/// `skipped: no CUDA device`) when there is none. Panics instead when
+/// `INDEXER_REQUIRE_GPU` is set, so a GPU run cannot silently skip.
+pub fn gpu(test: &str) -> Option<Arc<CudaContext>> {
+    let required = std::env::var_os("INDEXER_REQUIRE_GPU").is_some_and(|v| v != "0");
+    if dsa_indexer_bwd::cuda_device_count() == 0 {
+        assert!(
+            !required,
+            "{test}: INDEXER_REQUIRE_GPU is set but no CUDA device was found"
+        );
+        println!("{test}: skipped: no CUDA device");
+        return None;
+    }
+    Some(CudaContext::new(0).expect("CUDA device 0"))
+}
+
+/// How padding slots are marked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Padding {
+    /// `-1`.
+    NegOne,
+    /// Positive ids out of range for the convention (for local ids: in
+    /// `[S_k, B*S_k)`, which would alias the next batch if mishandled).
+    OutOfRange,
+}
+
+/// How q and k values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Values {
+    /// Multiples of 1/8 in [-1, 1]: every `q . k` is exact in f32 and f64,
+    /// so the `S > 0` gate is the same in the kernel and the references
+    /// (and `S == 0` occurs, exercising the strict inequality).
+    Grid,
+    /// Continuous values in [-1, 1] rounded to bf16.
+    Continuous,
+}
+
+/// One random problem on the host.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    pub shape: Shape,
+    pub opts: Options,
+    pub q: Vec<bf16>,
+    pub w: Vec<bf16>,
+    pub k: Vec<bf16>,
+    pub target: Vec<f32>,
+    pub score: Vec<f32>,
+    pub ids: Vec<i32>,
+    /// Per slot: whether the id is a valid key (for re-padding).
+    pub valid: Vec<bool>,
+    pub grad_loss: f32,
+    pub loss_coeff: f32,
+}
+
+/// Knobs of [`Problem::random`].
+#[derive(Clone, Copy, Debug)]
+pub struct Gen {
+    pub values: Values,
+    pub padding: Padding,
+    /// Probability that a row is short (fewer valid keys than topk).
+    pub short_rows: f64,
+    /// Allow duplicate valid ids within a row.
+    pub duplicates: bool,
+    /// Probability that a predict value is below CLIP (masked slot).
+    pub masked: f64,
+}
+
+fn bf(x: f32) -> bf16 {
+    bf16::from_f32(x)
+}
+
+impl Problem {
+    /// Draws a problem; target and predict rows are normalised distributions.
+    pub fn random(rng: &mut impl Rng, shape: Shape, opts: Options, g: Gen) -> Problem {
+        fn draw(rng: &mut impl Rng, n: usize, v: Values) -> Vec<bf16> {
+            (0..n)
+                .map(|_| match v {
+                    Values::Grid => bf(rng.random_range(-8i32..=8) as f32 / 8.0),
+                    Values::Continuous => bf(rng.random_range(-1.0f32..1.0)),
+                })
+                .collect()
+        }
+        let q = draw(rng, shape.q_len(), g.values);
+        let k = draw(rng, shape.k_len(), g.values);
+        let w = (0..shape.w_len())
+            .map(|_| bf(rng.random_range(-1.0f32..1.0)))
+            .collect();
+        let (rows, topk) = (shape.rows(), shape.topk);
+        let mut target = vec![0.0f32; rows * topk];
+        let mut score = vec![0.0f32; rows * topk];
+        let mut ids = vec![0i32; rows * topk];
+        let mut valid = vec![false; rows * topk];
+        let per_batch = shape.seq_k;
+        for r in 0..rows {
+            let b = r / shape.seq_q;
+            let n_valid = if rng.random_bool(g.short_rows) {
+                rng.random_range(0..=topk)
+            } else {
+                topk
+            };
+            let mut seen = std::collections::HashSet::new();
+            for t in 0..topk {
+                let i = r * topk + t;
+                // Padding is spread over the row, not only at its end.
+                let is_valid = t < n_valid;
+                if is_valid {
+                    let mut key = rng.random_range(0..per_batch);
+                    if !g.duplicates && seen.len() < per_batch {
+                        while !seen.insert(key) {
+                            key = rng.random_range(0..per_batch);
+                        }
+                    }
+                    ids[i] = match opts.key_ids {
+                        KeyIds::Local => key as i32,
+                        KeyIds::Global => (b * per_batch + key) as i32,
+                    };
+                    valid[i] = true;
+                }
+            }
+            // Shuffle slots of the row so padding sits anywhere.
+            for t in (1..topk).rev() {
+                let j = rng.random_range(0..=t);
+                ids.swap(r * topk + t, r * topk + j);
+                valid.swap(r * topk + t, r * topk + j);
+            }
+            let tsum: f32 = (0..topk)
+                .map(|t| {
+                    let v = rng.random_range(0.01f32..1.0);
+                    target[r * topk + t] = v;
+                    v
+                })
+                .sum();
+            let psum: f32 = (0..topk)
+                .map(|t| {
+                    let v = rng.random_range(0.01f32..1.0);
+                    score[r * topk + t] = v;
+                    v
+                })
+                .sum();
+            for t in 0..topk {
+                target[r * topk + t] /= tsum;
+                let mut p = score[r * topk + t] / psum;
+                if rng.random_bool(g.masked) {
+                    p = if rng.random_bool(0.5) { 0.0 } else { 1e-45 };
+                }
+                score[r * topk + t] = match opts.score {
+                    ScoreKind::Probs => p,
+                    ScoreKind::LogProbs => {
+                        if p == 0.0 {
+                            -1e4
+                        } else {
+                            p.ln()
+                        }
+                    }
+                };
+            }
+        }
+        let mut p = Problem {
+            shape,
+            opts,
+            q,
+            w,
+            k,
+            target,
+            score,
+            ids,
+            valid,
+            grad_loss: rng.random_range(0.5f32..2.0)
+                * if rng.random_bool(0.2) { -1.0 } else { 1.0 },
+            loss_coeff: rng.random_range(0.1f32..3.0),
+        };
+        p.repad(rng, g.padding);
+        p
+    }
+
+    /// Rewrites every padding slot's id with the given convention (scores
+    /// on padded slots stay non-zero).
+    pub fn repad(&mut self, rng: &mut impl Rng, padding: Padding) {
+        let s = self.shape;
+        let total = s.batch * s.seq_k;
+        for i in 0..self.ids.len() {
+            if self.valid[i] {
+                continue;
+            }
+            self.ids[i] = match padding {
+                Padding::NegOne => -1,
+                Padding::OutOfRange => match self.opts.key_ids {
+                    // In [S_k, B*S_k) when B > 1: aliases the next batch if mishandled.
+                    KeyIds::Local => {
+                        let hi = total.max(s.seq_k + 1).min(i32::MAX as usize);
+                        if rng.random_bool(0.2) {
+                            i32::MAX
+                        } else {
+                            rng.random_range(s.seq_k..hi) as i32
+                        }
+                    }
+                    KeyIds::Global => {
+                        if rng.random_bool(0.2) {
+                            i32::MAX
+                        } else {
+                            rng.random_range(total..total + 1000) as i32
+                        }
+                    }
+                },
+            };
+        }
+    }
+
+    /// Host view of the inputs.
+    pub fn host(&self) -> HostInputs<'_> {
+        HostInputs {
+            index_q: &self.q,
+            weights: &self.w,
+            index_k: &self.k,
+            attn_score: &self.target,
+            index_score: &self.score,
+            topk_indices: &self.ids,
+            grad_loss: self.grad_loss,
+            loss_coeff: self.loss_coeff,
+        }
+    }
+}
+
+/// GPU results, copied back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuOut {
+    pub grad_signal: Vec<f32>,
+    pub index_score_after: Vec<f32>,
+    pub d_index_q: Vec<bf16>,
+    /// d_weights widened (bf16 or f32 on the device).
+    pub d_weights: Vec<f64>,
+    /// d_index_k widened.
+    pub d_index_k: Vec<f64>,
+    /// Raw bits of d_weights as written (for bitwise comparisons).
+    pub d_weights_bits: Vec<u32>,
+}
+
+/// Device buffers of one problem.
+pub struct DeviceProblem {
+    pub q: CudaSlice<bf16>,
+    pub w: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+    pub attn: CudaSlice<f32>,
+    pub score: CudaSlice<f32>,
+    pub ids: CudaSlice<i32>,
+    pub grad_loss: CudaSlice<f32>,
+    pub dq: CudaSlice<bf16>,
+    pub dw_f32: CudaSlice<f32>,
+    pub dw_bf16: CudaSlice<bf16>,
+    pub dk_f32: CudaSlice<f32>,
+    pub dk_bf16: CudaSlice<bf16>,
+    pub ws: CudaSlice<u8>,
+}
+
+impl DeviceProblem {
+    /// Uploads `p`; outputs are filled with a NaN poison so unwritten
+    /// elements cannot pass.
+    pub fn upload(stream: &Arc<CudaStream>, p: &Problem, ws_bytes: usize) -> DeviceProblem {
+        let s = p.shape;
+        let nan_bf = vec![bf16::NAN; s.q_len().max(s.w_len()).max(s.k_len())];
+        let nan_f = vec![f32::NAN; s.w_len().max(s.k_len())];
+        DeviceProblem {
+            q: stream.clone_htod(&p.q).unwrap(),
+            w: stream.clone_htod(&p.w).unwrap(),
+            k: stream.clone_htod(&p.k).unwrap(),
+            attn: stream.clone_htod(&p.target).unwrap(),
+            score: stream.clone_htod(&p.score).unwrap(),
+            ids: stream.clone_htod(&p.ids).unwrap(),
+            grad_loss: stream.clone_htod(&[p.grad_loss]).unwrap(),
+            dq: stream.clone_htod(&nan_bf[..s.q_len()]).unwrap(),
+            dw_f32: stream.clone_htod(&nan_f[..s.w_len()]).unwrap(),
+            dw_bf16: stream.clone_htod(&nan_bf[..s.w_len()]).unwrap(),
+            dk_f32: stream.clone_htod(&nan_f[..s.k_len()]).unwrap(),
+            dk_bf16: stream.clone_htod(&nan_bf[..s.k_len()]).unwrap(),
+            ws: stream.alloc_zeros::<u8>(ws_bytes.max(16)).unwrap(),
+        }
+    }
+
+    /// Restores `attn_score` to the targets (it is overwritten by execute).
+    pub fn reset_targets(&mut self, stream: &Arc<CudaStream>, p: &Problem) {
+        stream.memcpy_htod(&p.target, &mut self.attn).unwrap();
+    }
+
+    /// Runs `plan.execute` on these buffers.
+    pub fn execute(
+        &mut self,
+        plan: &Plan,
+        stream: &Arc<CudaStream>,
+        loss_coeff: f32,
+    ) -> dsa_indexer_bwd::Result<()> {
+        let opts = *plan.options();
+        let inputs = Inputs {
+            index_q: self.q.as_view(),
+            weights: self.w.as_view(),
+            index_k: self.k.as_view(),
+            index_score: self.score.as_view(),
+            topk_indices: self.ids.as_view(),
+            grad_loss: self.grad_loss.as_view(),
+        };
+        let mut outputs = Outputs {
+            attn_score: self.attn.as_view_mut(),
+            d_index_q: self.dq.as_view_mut(),
+            d_weights: match opts.d_weights {
+                GradDtype::F32 => GradOut::F32(self.dw_f32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(self.dw_bf16.as_view_mut()),
+            },
+            d_index_k: match opts.d_index_k {
+                GradDtype::F32 => GradOut::F32(self.dk_f32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(self.dk_bf16.as_view_mut()),
+            },
+            workspace: Some(self.ws.as_view_mut()),
+        };
+        plan.execute(stream, &inputs, &mut outputs, loss_coeff)
+    }
+
+    /// Copies the results back.
+    pub fn download(&self, stream: &Arc<CudaStream>, opts: &Options) -> GpuOut {
+        let (d_weights, d_weights_bits) = match opts.d_weights {
+            GradDtype::F32 => {
+                let v = stream.clone_dtoh(&self.dw_f32).unwrap();
+                (
+                    v.iter().map(|&x| x as f64).collect(),
+                    v.iter().map(|x| x.to_bits()).collect(),
+                )
+            }
+            GradDtype::Bf16 => {
+                let v = stream.clone_dtoh(&self.dw_bf16).unwrap();
+                (
+                    v.iter().map(|x| x.to_f64()).collect(),
+                    v.iter().map(|x| x.to_bits() as u32).collect(),
+                )
+            }
+        };
+        let d_index_k = match opts.d_index_k {
+            GradDtype::F32 => stream
+                .clone_dtoh(&self.dk_f32)
+                .unwrap()
+                .iter()
+                .map(|&x| x as f64)
+                .collect(),
+            GradDtype::Bf16 => stream
+                .clone_dtoh(&self.dk_bf16)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_f64())
+                .collect(),
+        };
+        GpuOut {
+            grad_signal: stream.clone_dtoh(&self.attn).unwrap(),
+            index_score_after: stream.clone_dtoh(&self.score).unwrap(),
+            d_index_q: stream.clone_dtoh(&self.dq).unwrap(),
+            d_weights,
+            d_index_k,
+            d_weights_bits,
+        }
+    }
+}
+
+/// Builds a plan, uploads, executes once, synchronises and downloads.
+pub fn run_gpu(ctx: &Arc<CudaContext>, p: &Problem) -> GpuOut {
+    let stream = ctx.default_stream();
+    let plan = Plan::new(ctx, p.shape, p.opts).expect("plan");
+    let mut dev = DeviceProblem::upload(&stream, p, plan.workspace_bytes());
+    dev.execute(&plan, &stream, p.loss_coeff).expect("execute");
+    stream.synchronize().expect("kernel run");
+    dev.download(&stream, &p.opts)
+}
+
+/// Relative Frobenius error `||got - want|| / ||want||` (absolute when
+/// `want` is all zeros). NaN anywhere gives infinity.
+pub fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for (&g, &w) in got.iter().zip(want) {
+        if !g.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (g - w) * (g - w);
+        den += w * w;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// Rounds a reference output to the element type the GPU writes, so the f32
+/// reference's error is measured on the same footing as the kernel's.
+pub fn round_to(v: &[f64], dtype: GradDtype) -> Vec<f64> {
+    match dtype {
+        GradDtype::F32 => v.iter().map(|&x| x as f32 as f64).collect(),
+        GradDtype::Bf16 => v.iter().map(|&x| bf16::from_f64(x).to_f64()).collect(),
+    }
+}
+
+/// Errors of one run against the f64 reference.
+#[derive(Clone, Copy, Debug)]
+pub struct Errors {
+    pub grad_signal: f64,
+    pub d_index_q: f64,
+    pub d_weights: f64,
+    pub d_index_k: f64,
+}
+
+/// Errors of GPU outputs against the f64 reference.
+pub fn gpu_errors(out: &GpuOut, r: &Grads) -> Errors {
+    Errors {
+        grad_signal: rel_err(
+            &out.grad_signal
+                .iter()
+                .map(|&x| x as f64)
+                .collect::<Vec<_>>(),
+            &r.grad_signal,
+        ),
+        d_index_q: rel_err(
+            &out.d_index_q.iter().map(|x| x.to_f64()).collect::<Vec<_>>(),
+            &r.d_index_q,
+        ),
+        d_weights: rel_err(&out.d_weights, &r.d_weights),
+        d_index_k: rel_err(&out.d_index_k, &r.d_index_k),
+    }
+}
+
+/// Errors of the f32/bf16-dS reference against the f64 one, with outputs
+/// rounded to the types the GPU writes.
+pub fn f32_ref_errors(f: &Grads, r: &Grads, opts: &Options) -> Errors {
+    Errors {
+        grad_signal: rel_err(&round_to(&f.grad_signal, GradDtype::F32), &r.grad_signal),
+        d_index_q: rel_err(&round_to(&f.d_index_q, GradDtype::Bf16), &r.d_index_q),
+        d_weights: rel_err(&round_to(&f.d_weights, opts.d_weights), &r.d_weights),
+        d_index_k: rel_err(&round_to(&f.d_index_k, opts.d_index_k), &r.d_index_k),
+    }
+}
+
+/// SPEC tolerances: `(grad_signal, d_index_q, d_weights, d_index_k)`.
+pub fn tolerances(opts: &Options) -> Errors {
+    Errors {
+        grad_signal: 1e-6,
+        d_index_q: 8e-3,
+        d_weights: 8e-3,
+        d_index_k: if opts.d_index_k == GradDtype::Bf16 {
+            12e-3
+        } else {
+            8e-3
+        },
+    }
+}
+
+/// Asserts SPEC's error bounds and the 2x-of-f32-reference bound; returns
+/// the GPU errors. `floor` keeps the 2x bound meaningful where the f32
+/// reference is exact to rounding noise.
+pub fn check_against_reference(p: &Problem, out: &GpuOut) -> Errors {
+    let r = dsa_indexer_bwd::cpu::reference(&p.shape, &p.opts, &p.host()).unwrap();
+    let f = dsa_indexer_bwd::cpu::reference_f32_bf16_ds(&p.shape, &p.opts, &p.host()).unwrap();
+    let e = gpu_errors(out, &r);
+    let e32 = f32_ref_errors(&f, &r, &p.opts);
+    let tol = tolerances(&p.opts);
+    let ctx = format!(
+        "shape {:?} opts {:?}: gpu {e:?} f32-ref {e32:?}",
+        p.shape, p.opts
+    );
+    let pairs = [
+        (
+            "grad_signal",
+            e.grad_signal,
+            e32.grad_signal,
+            tol.grad_signal,
+            1e-7,
+        ),
+        ("d_index_q", e.d_index_q, e32.d_index_q, tol.d_index_q, 1e-6),
+        ("d_weights", e.d_weights, e32.d_weights, tol.d_weights, 1e-6),
+        ("d_index_k", e.d_index_k, e32.d_index_k, tol.d_index_k, 1e-6),
+    ];
+    for (name, got, f32e, tol, floor) in pairs {
+        assert!(got.is_finite(), "{name}: non-finite output; {ctx}");
+        assert!(got <= tol, "{name}: error {got:.3e} > {tol:.1e}; {ctx}");
+        assert!(
+            got <= 2.0 * f32e.max(floor),
+            "{name}: error {got:.3e} > 2x f32 reference {f32e:.3e}; {ctx}"
+        );
+    }
+    assert!(
+        out.index_score_after
+            .iter()
+            .zip(&p.score)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "index_score changed; {ctx}"
+    );
+    e
+}

@@ -1,0 +1,440 @@
+//! The contract of `execute` on the GPU: rejected calls write nothing,
+//! determinism, realistic shapes within tolerance, and CUDA-graph replay
+//! with a new `grad_loss`.
+
+use cudarc::driver::{sys, CudaSlice, CudaStream};
+use dsa_indexer_bwd::{
+    bf16, Error, GradDtype, GradOut, Inputs, KeyIds, Options, Outputs, Plan, ScoreKind, Shape,
+};
+use indexer_tests::{
+    check_against_reference, gpu, run_gpu, DeviceProblem, Gen, Padding, Problem, Values,
+};
+use rand::SeedableRng;
+use std::sync::Arc;
+
+fn gen(values: Values) -> Gen {
+    Gen {
+        values,
+        padding: Padding::NegOne,
+        short_rows: 0.3,
+        duplicates: true,
+        masked: 0.02,
+    }
+}
+
+/// Every device buffer of a problem as raw bytes.
+fn snapshot(stream: &Arc<CudaStream>, d: &DeviceProblem) -> Vec<Vec<u8>> {
+    fn bytes<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        s: &Arc<CudaStream>,
+        x: &CudaSlice<T>,
+    ) -> Vec<u8> {
+        let v = s.clone_dtoh(x).unwrap();
+        // SAFETY: plain-old-data element types, reinterpreted as bytes.
+        unsafe {
+            std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v.as_slice()))
+                .to_vec()
+        }
+    }
+    vec![
+        bytes(stream, &d.q),
+        bytes(stream, &d.w),
+        bytes(stream, &d.k),
+        bytes(stream, &d.attn),
+        bytes(stream, &d.score),
+        bytes(stream, &d.ids),
+        bytes(stream, &d.grad_loss),
+        bytes(stream, &d.dq),
+        bytes(stream, &d.dw_f32),
+        bytes(stream, &d.dw_bf16),
+        bytes(stream, &d.dk_f32),
+        bytes(stream, &d.dk_bf16),
+        bytes(stream, &d.ws),
+    ]
+}
+
+#[test]
+fn rejected_calls_leave_every_buffer_untouched() {
+    let Some(ctx) = gpu("rejected_calls_leave_every_buffer_untouched") else {
+        return;
+    };
+    let stream = ctx.default_stream();
+    let shape = Shape {
+        batch: 2,
+        seq_q: 5,
+        seq_k: 40,
+        heads: 32,
+        head_dim: 64,
+        topk: 20,
+    };
+    let opts = Options {
+        d_index_k: GradDtype::Bf16,
+        ..Options::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let p = Problem::random(&mut rng, shape, opts, gen(Values::Grid));
+    let plan = Plan::new(&ctx, shape, opts).unwrap();
+    let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
+    let before = snapshot(&stream, &d);
+    let mut q_long = stream.alloc_zeros::<bf16>(shape.q_len() + 8).unwrap();
+    stream
+        .memcpy_htod(&p.q, &mut q_long.slice_mut(1..shape.q_len() + 1))
+        .unwrap();
+
+    let check = |name: &str,
+                 r: dsa_indexer_bwd::Result<()>,
+                 ok: &dyn Fn(&Error) -> bool,
+                 d: &DeviceProblem| {
+        let e = r.expect_err(name);
+        assert!(ok(&e), "{name}: unexpected error {e}");
+        println!("{name}: rejected with: {e}");
+        stream.synchronize().unwrap();
+        assert!(snapshot(&stream, d) == before, "{name}: a buffer changed");
+    };
+
+    check(
+        "non-finite loss_coeff",
+        d.execute(&plan, &stream, f32::NAN),
+        &|e| {
+            matches!(
+                e,
+                Error::NonFinite {
+                    name: "loss_coeff",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    fn run_with<'a>(
+        plan: &Plan,
+        stream: &Arc<CudaStream>,
+        d: &'a mut DeviceProblem,
+        edit: impl FnOnce(&mut Inputs<'a>, &mut Outputs<'a>),
+    ) -> dsa_indexer_bwd::Result<()> {
+        let DeviceProblem {
+            q,
+            w,
+            k,
+            attn,
+            score,
+            ids,
+            grad_loss,
+            dq,
+            dw_bf16,
+            dk_bf16,
+            ws,
+            ..
+        } = d;
+        let mut inputs = Inputs {
+            index_q: q.as_view(),
+            weights: w.as_view(),
+            index_k: k.as_view(),
+            index_score: score.as_view(),
+            topk_indices: ids.as_view(),
+            grad_loss: grad_loss.as_view(),
+        };
+        let mut outputs = Outputs {
+            attn_score: attn.as_view_mut(),
+            d_index_q: dq.as_view_mut(),
+            d_weights: GradOut::Bf16(dw_bf16.as_view_mut()),
+            d_index_k: GradOut::Bf16(dk_bf16.as_view_mut()),
+            workspace: Some(ws.as_view_mut()),
+        };
+        edit(&mut inputs, &mut outputs);
+        plan.execute(stream, &inputs, &mut outputs, 1.0)
+    }
+    let r = run_with(&plan, &stream, &mut d, |i, _| {
+        i.index_q = i.index_q.slice(1..)
+    });
+    check(
+        "short index_q",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Length {
+                    tensor: "index_q",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let r = run_with(&plan, &stream, &mut d, |i, _| {
+        i.topk_indices = i.topk_indices.slice(..shape.slots() - 1)
+    });
+    check(
+        "short topk_indices",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Length {
+                    tensor: "topk_indices",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let r = run_with(&plan, &stream, &mut d, |i, _| {
+        i.grad_loss = i.grad_loss.slice(0..0)
+    });
+    check(
+        "empty grad_loss",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Length {
+                    tensor: "grad_loss",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let r = run_with(&plan, &stream, &mut d, |_, o| o.workspace = None);
+    check(
+        "missing workspace",
+        r,
+        &|e| matches!(e, Error::Workspace { .. }),
+        &d,
+    );
+    let r = run_with(&plan, &stream, &mut d, |i, _| {
+        i.index_q = q_long.slice(1..shape.q_len() + 1)
+    });
+    check(
+        "misaligned index_q",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Alignment {
+                    tensor: "index_q",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    {
+        // d_weights given as f32 to a plan that writes bf16.
+        let mut dw32 = stream.alloc_zeros::<f32>(shape.w_len()).unwrap();
+        let DeviceProblem {
+            q,
+            w,
+            k,
+            attn,
+            score,
+            ids,
+            grad_loss,
+            dq,
+            dk_bf16,
+            ws,
+            ..
+        } = &mut d;
+        let inputs = Inputs {
+            index_q: q.as_view(),
+            weights: w.as_view(),
+            index_k: k.as_view(),
+            index_score: score.as_view(),
+            topk_indices: ids.as_view(),
+            grad_loss: grad_loss.as_view(),
+        };
+        let mut outputs = Outputs {
+            attn_score: attn.as_view_mut(),
+            d_index_q: dq.as_view_mut(),
+            d_weights: GradOut::F32(dw32.as_view_mut()),
+            d_index_k: GradOut::Bf16(dk_bf16.as_view_mut()),
+            workspace: Some(ws.as_view_mut()),
+        };
+        let r = plan.execute(&stream, &inputs, &mut outputs, 1.0);
+        check(
+            "d_weights dtype",
+            r,
+            &|e| {
+                matches!(
+                    e,
+                    Error::Dtype {
+                        tensor: "d_weights",
+                        ..
+                    }
+                )
+            },
+            &d,
+        );
+    }
+    {
+        // attn_score aliasing index_score (same device memory).
+        use cudarc::driver::DevicePtr;
+        let (sp, _g) = d.score.device_ptr(&stream);
+        // SAFETY: the alias covers exactly the index_score allocation and is
+        // leaked below, so it is never freed twice.
+        let mut alias: CudaSlice<f32> = unsafe { stream.upgrade_device_ptr(sp, shape.slots()) };
+        drop(_g);
+        let DeviceProblem {
+            q,
+            w,
+            k,
+            score,
+            ids,
+            grad_loss,
+            dq,
+            dw_bf16,
+            dk_bf16,
+            ws,
+            ..
+        } = &mut d;
+        let inputs = Inputs {
+            index_q: q.as_view(),
+            weights: w.as_view(),
+            index_k: k.as_view(),
+            index_score: score.as_view(),
+            topk_indices: ids.as_view(),
+            grad_loss: grad_loss.as_view(),
+        };
+        let mut outputs = Outputs {
+            attn_score: alias.as_view_mut(),
+            d_index_q: dq.as_view_mut(),
+            d_weights: GradOut::Bf16(dw_bf16.as_view_mut()),
+            d_index_k: GradOut::Bf16(dk_bf16.as_view_mut()),
+            workspace: Some(ws.as_view_mut()),
+        };
+        let r = plan.execute(&stream, &inputs, &mut outputs, 1.0);
+        let _ = outputs; // ends the borrow of `alias`
+        alias.leak();
+        check(
+            "attn_score overlaps index_score",
+            r,
+            &|e| {
+                matches!(
+                    e,
+                    Error::Overlap {
+                        output: "attn_score",
+                        other: "index_score"
+                    }
+                )
+            },
+            &d,
+        );
+    }
+    // And the same buffers then work.
+    d.execute(&plan, &stream, p.loss_coeff).unwrap();
+    let out = d.download(&stream, &opts);
+    check_against_reference(&p, &out);
+}
+
+/// Realistic shapes with continuous values, uniform and ragged ids, and
+/// bitwise-stable d_index_q / d_weights across runs.
+#[test]
+fn realistic_shapes_are_accurate_and_deterministic() {
+    let Some(ctx) = gpu("realistic_shapes_are_accurate_and_deterministic") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for (topk, ragged) in [(512usize, false), (512, true), (128, false), (1024, true)] {
+        let shape = Shape {
+            batch: 1,
+            seq_q: 192,
+            seq_k: 2048,
+            heads: 64,
+            head_dim: 128,
+            topk,
+        };
+        let opts = Options::default();
+        let g = Gen {
+            values: Values::Continuous,
+            padding: Padding::NegOne,
+            short_rows: 0.0,
+            duplicates: false,
+            masked: 0.0,
+        };
+        let mut p = Problem::random(&mut rng, shape, opts, g);
+        if ragged {
+            // Row s sees the first min(s/2 + 1, S_k) keys; the rest is -1.
+            for s in 0..shape.seq_q {
+                let n = (s / 2 + 1).min(shape.seq_k);
+                for t in 0..topk {
+                    let i = s * topk + t;
+                    p.valid[i] = t < n;
+                    p.ids[i] = if t < n { t as i32 } else { -1 };
+                }
+            }
+        }
+        let a = run_gpu(&ctx, &p);
+        let e = check_against_reference(&p, &a);
+        println!("topk {topk} ragged {ragged}: {e:?}");
+        let b = run_gpu(&ctx, &p);
+        assert!(
+            a.d_index_q
+                .iter()
+                .zip(&b.d_index_q)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "d_index_q not bitwise stable"
+        );
+        assert_eq!(
+            a.d_weights_bits, b.d_weights_bits,
+            "d_weights not bitwise stable"
+        );
+        assert!(a
+            .grad_signal
+            .iter()
+            .zip(&b.grad_signal)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+}
+
+/// A graph captured around `execute` replays with a new `grad_loss` value
+/// (read on the device) and gives the new answer.
+#[test]
+fn cuda_graph_replay_picks_up_new_grad_loss() {
+    let Some(ctx) = gpu("cuda_graph_replay_picks_up_new_grad_loss") else {
+        return;
+    };
+    let stream = ctx.new_stream().unwrap();
+    // Capture must not wait on events recorded outside it.
+    // SAFETY: this test uses one stream, so no cross-stream ordering is lost.
+    unsafe { ctx.disable_event_tracking() };
+    let shape = Shape {
+        batch: 2,
+        seq_q: 16,
+        seq_k: 96,
+        heads: 64,
+        head_dim: 128,
+        topk: 72,
+    };
+    let opts = Options {
+        key_ids: KeyIds::Local,
+        score: ScoreKind::LogProbs,
+        d_index_k: GradDtype::Bf16,
+        ..Options::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut p = Problem::random(&mut rng, shape, opts, gen(Values::Grid));
+    let plan = Plan::new(&ctx, shape, opts).unwrap();
+    let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
+    d.execute(&plan, &stream, p.loss_coeff).unwrap(); // warm-up outside capture
+    stream.synchronize().unwrap();
+
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    let captured = d.execute(&plan, &stream, p.loss_coeff);
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("graph");
+    captured.unwrap();
+
+    for new_loss in [3.0f32, -0.5] {
+        p.grad_loss = new_loss;
+        d.reset_targets(&stream, &p);
+        stream.memcpy_htod(&[new_loss], &mut d.grad_loss).unwrap();
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        let out = d.download(&stream, &opts);
+        let e = check_against_reference(&p, &out);
+        println!("graph replay with grad_loss {new_loss}: {e:?}");
+    }
+}

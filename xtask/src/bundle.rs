@@ -1,0 +1,115 @@
+//! `gpu-bundle`: one folder with release test and bench binaries, the PTX and
+//! `run.sh`, to copy to the GPU machine (no Rust there) and run in one go.
+
+use crate::util;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Builds the bundle into `--out DIR` (default `bundle/`).
+pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
+    let root = util::repo_root();
+    let out = match args.iter().position(|a| a == "--out") {
+        Some(i) => PathBuf::from(args.get(i + 1).ok_or("--out needs a directory")?),
+        None => root.join("bundle"),
+    };
+    let _ = std::fs::remove_dir_all(&out);
+    for d in ["tests", "bin", "ptx"] {
+        std::fs::create_dir_all(out.join(d)).map_err(|e| e.to_string())?;
+    }
+    util::step("building release test binaries");
+    for exe in artifacts(
+        &root,
+        &[
+            "test",
+            "--release",
+            "--no-run",
+            "-p",
+            "dsa-indexer-bwd",
+            "-p",
+            "indexer-tests",
+        ],
+        true,
+    )? {
+        copy_into(&exe, &out.join("tests"))?;
+    }
+    util::step("building release binaries and examples");
+    for exe in artifacts(
+        &root,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "dsa-indexer-bwd",
+            "-p",
+            "indexer-tests",
+            "--bins",
+            "--examples",
+        ],
+        false,
+    )? {
+        copy_into(&exe, &out.join("bin"))?;
+    }
+    for (arch, _) in crate::ptx::ARCHS {
+        copy_into(&crate::ptx::ptx_path(&root, arch), &out.join("ptx"))?;
+    }
+    let run = out.join("run.sh");
+    std::fs::write(&run, RUN_SH).map_err(|e| e.to_string())?;
+    util::run(Command::new("chmod").arg("+x").arg(&run))?;
+    println!("bundle written to {}", out.display());
+    Ok(())
+}
+
+/// Executables cargo reports for `args` (test harnesses when `tests`).
+fn artifacts(root: &Path, args: &[&str], tests: bool) -> Result<Vec<PathBuf>, String> {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root)
+        .args(args)
+        .arg("--message-format=json-render-diagnostics");
+    let (stdout, _) = util::output(&mut c)?;
+    let mut v = Vec::new();
+    for line in stdout.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"].as_bool() != Some(tests) {
+            continue;
+        }
+        if let Some(exe) = msg["executable"].as_str() {
+            v.push(PathBuf::from(exe));
+        }
+    }
+    Ok(v)
+}
+
+fn copy_into(src: &Path, dir: &Path) -> Result<(), String> {
+    let name = src.file_name().ok_or("no file name")?;
+    std::fs::copy(src, dir.join(name)).map_err(|e| format!("{}: {e}", src.display()))?;
+    Ok(())
+}
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Runs every test binary of the bundle with the GPU required, then the main
+# example; prints per-binary results and one summary line.
+# Usage: bash run.sh [--bench ARGS...]
+set -u
+cd "$(dirname "$0")"
+export INDEXER_REQUIRE_GPU=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+if [ "${1:-}" = "--bench" ]; then shift; exec ./bin/indexer-bench "$@"; fi
+passed=0; failed=0; bad=""
+for t in tests/*; do
+  echo "=== $t"
+  log=$(mktemp)
+  "./$t" --test-threads=1 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  p=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
+  f=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ "$rc" -ne 0 ]; then bad="$bad $t"; [ "$f" -eq 0 ] && failed=$((failed + 1)); fi
+done
+echo "=== example"
+if ./bin/indexer_bwd; then passed=$((passed + 1)); else failed=$((failed + 1)); bad="$bad example"; fi
+[ -n "$bad" ] && echo "failing:$bad"
+echo "bundle: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
+"#;

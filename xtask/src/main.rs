@@ -1,0 +1,126 @@
+//! `cargo xtask <command>`: the project's build, check, test and bundle tasks.
+//!
+//! - `build-ptx [--check]`: builds `kernels-gpu` for nvptx64 with the pinned
+//!   nightly, links and lowers it to PTX (this binary is the link step),
+//!   writes `kernels-gpu/ptx/kernels_<arch>.ptx`, and assembles each file
+//!   with `ptxas -v`. `--check` fails instead of writing when a committed
+//!   file is stale.
+//! - `test [--require-gpu]`: stale-PTX check, fmt, clippy, the whole suite.
+//! - `bench [args]`: runs the benchmark binary (on a machine with a GPU).
+//! - `gpu-bundle [--out DIR]`: release test and bench binaries, the PTX and
+//!   `run.sh` in one folder to copy to the GPU machine.
+
+mod bundle;
+mod link;
+mod ptx;
+mod util;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    // rustc calls this binary as the nvptx64 linker (see `ptx::build_arch`).
+    if std::env::var_os(link::LINK_MODE_ENV).is_some() {
+        return report(link::run(std::env::args().skip(1).collect()));
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => {
+            eprintln!("{}", USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cmd {
+        "build-ptx" => ptx::build_ptx(rest.iter().any(|a| a == "--check")),
+        "test" => test(rest.iter().any(|a| a == "--require-gpu")),
+        "bench" => bench(rest),
+        "gpu-bundle" => bundle::gpu_bundle(rest),
+        "-h" | "--help" | "help" => {
+            println!("{}", USAGE);
+            Ok(())
+        }
+        other => Err(format!("unknown command `{other}`\n{USAGE}")),
+    };
+    report(result)
+}
+
+const USAGE: &str = "usage: cargo xtask <build-ptx [--check] | test [--require-gpu] | bench [ARGS] | gpu-bundle [--out DIR]>";
+
+fn report(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The README's test command: stale-PTX check, formatting, lints, tests.
+fn test(require_gpu: bool) -> Result<(), String> {
+    let root = util::repo_root();
+    util::step("build-ptx --check (committed PTX must match the sources)");
+    ptx::build_ptx(true)?;
+    let kmanifest = root.join("kernels-gpu/Cargo.toml");
+    let km = kmanifest.to_str().ok_or("non-UTF-8 path")?;
+    util::step("cargo fmt --check");
+    util::cargo(&root, &["fmt", "--all", "--check"], &[])?;
+    util::cargo(&root, &["fmt", "--manifest-path", km, "--check"], &[])?;
+    util::step("cargo clippy -D warnings");
+    util::cargo(
+        &root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )?;
+    util::cargo(
+        &root,
+        &[
+            "clippy",
+            "--manifest-path",
+            km,
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )?;
+    util::step("cargo test");
+    let env: Vec<(&str, &str)> = if require_gpu {
+        vec![("INDEXER_REQUIRE_GPU", "1")]
+    } else {
+        vec![]
+    };
+    util::cargo(&root, &["test", "--manifest-path", km], &[])?;
+    // --show-output so GPU tests' "skipped: no CUDA device" lines are visible.
+    util::cargo(
+        &root,
+        &["test", "--workspace", "--release", "--", "--show-output"],
+        &env,
+    )?;
+    util::step("all checks passed");
+    Ok(())
+}
+
+/// Runs the benchmark binary in release mode with the given arguments.
+fn bench(args: &[String]) -> Result<(), String> {
+    let root = util::repo_root();
+    let mut a: Vec<&str> = vec![
+        "run",
+        "--release",
+        "-p",
+        "indexer-tests",
+        "--bin",
+        "indexer-bench",
+        "--",
+    ];
+    a.extend(args.iter().map(String::as_str));
+    util::cargo(&root, &a, &[])
+}

@@ -1,0 +1,354 @@
+//! `build-ptx`: pinned nightly, nvptx64 build of `kernels-gpu`, link step,
+//! stale check, and the `ptxas -v` gate (errors, spills, stack frames).
+
+use crate::link::{LINK_MODE_ENV, LLVM_BIN_ENV, PTX_FEATURE_ENV};
+use crate::util;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One PTX file per target: (arch, PTX ISA feature for llc).
+/// sm_100a instructions need PTX ISA 8.6.
+pub const ARCHS: [(&str, &str); 2] = [("sm_90a", "+ptx80"), ("sm_100a", "+ptx86")];
+
+/// `nvidia-cuda-nvcc` wheel that provides `ptxas` (pinned for reproducible checks).
+pub const PTXAS_PACKAGE: &str = "nvidia-cuda-nvcc==13.0.88";
+
+/// LLVM full-unroll threshold used by rustc and by the link step's `opt`.
+pub const UNROLL_THRESHOLD: u32 = 4000;
+
+/// Committed PTX path of `arch`.
+pub fn ptx_path(root: &Path, arch: &str) -> PathBuf {
+    root.join("kernels-gpu/ptx")
+        .join(format!("kernels_{arch}.ptx"))
+}
+
+/// The nightly named in `kernels-gpu/rust-toolchain.toml` (single source).
+pub fn pinned_nightly(root: &Path) -> Result<String, String> {
+    let f = root.join("kernels-gpu/rust-toolchain.toml");
+    let s = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+    s.lines()
+        .filter_map(|l| l.trim().strip_prefix("channel"))
+        .filter_map(|l| l.split('"').nth(1))
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("{}: no channel", f.display()))
+}
+
+/// Installs the pinned nightly with rust-src and llvm-tools when missing
+/// (automatic installs are off on these machines), returns its LLVM bin dir.
+pub fn ensure_toolchain(nightly: &str) -> Result<PathBuf, String> {
+    let sysroot = |n: &str| -> Option<PathBuf> {
+        let o = Command::new("rustup")
+            .args(["run", n, "rustc", "--print", "sysroot"])
+            .output()
+            .ok()?;
+        o.status
+            .success()
+            .then(|| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+    };
+    let host = host_triple()?;
+    let ready = |root: &Path| {
+        root.join("lib/rustlib/src/rust/library/core").is_dir()
+            && root
+                .join("lib/rustlib")
+                .join(&host)
+                .join("bin/llvm-link")
+                .is_file()
+    };
+    match sysroot(nightly) {
+        Some(r) if ready(&r) => {}
+        _ => {
+            util::step(&format!(
+                "installing {nightly} with rust-src and llvm-tools"
+            ));
+            util::run(Command::new("rustup").args([
+                "toolchain",
+                "install",
+                nightly,
+                "--profile",
+                "minimal",
+                "-c",
+                "rust-src",
+                "-c",
+                "llvm-tools",
+            ]))?;
+        }
+    }
+    let r = sysroot(nightly).ok_or_else(|| format!("{nightly} not usable after install"))?;
+    if !ready(&r) {
+        return Err(format!(
+            "{nightly}: rust-src or llvm-tools missing under {}",
+            r.display()
+        ));
+    }
+    Ok(r.join("lib/rustlib").join(host).join("bin"))
+}
+
+fn host_triple() -> Result<String, String> {
+    let (o, _) = util::output(Command::new("rustc").arg("-vV"))?;
+    o.lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(str::to_string)
+        .ok_or_else(|| "rustc -vV: no host".into())
+}
+
+/// Builds the kernels for `arch` and returns the generated PTX text.
+fn build_arch(
+    root: &Path,
+    nightly: &str,
+    llvm_bin: &Path,
+    arch: &str,
+    feature: &str,
+) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let target_dir = root.join("target/ptx").join(arch);
+    let flags = [
+        format!("-Ctarget-cpu={arch}"),
+        format!("-Ctarget-feature={feature}"),
+        format!("-Clinker={}", exe.display()),
+        "--cfg".into(),
+        format!("kernels_arch=\"{arch}\""),
+        "-Dwarnings".into(),
+        // Register arrays (MMA accumulators) must be fully unrolled to stay
+        // in registers; the default threshold leaves the larger nests as
+        // loops and moves the arrays to local memory.
+        format!("-Cllvm-args=-unroll-threshold={UNROLL_THRESHOLD}"),
+    ];
+    let mut c = Command::new("rustup");
+    c.args([
+        "run",
+        nightly,
+        "cargo",
+        "rustc",
+        "--release",
+        "--target",
+        "nvptx64-nvidia-cuda",
+    ])
+    .args([
+        "-Zbuild-std=core",
+        "--crate-type",
+        "cdylib",
+        "--manifest-path",
+    ])
+    .arg(root.join("kernels-gpu/Cargo.toml"))
+    .arg("--target-dir")
+    .arg(&target_dir)
+    .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
+    .env_remove("RUSTFLAGS")
+    .env_remove("RUSTUP_TOOLCHAIN")
+    .env(LINK_MODE_ENV, "1")
+    .env(LLVM_BIN_ENV, llvm_bin)
+    .env(PTX_FEATURE_ENV, feature);
+    util::run(&mut c)?;
+    let out = target_dir.join("nvptx64-nvidia-cuda/release/kernels_gpu.ptx");
+    std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// `cargo xtask build-ptx [--check]`.
+pub fn build_ptx(check: bool) -> Result<(), String> {
+    let root = util::repo_root();
+    let nightly = pinned_nightly(&root)?;
+    let llvm_bin = ensure_toolchain(&nightly)?;
+    let ptxas = ensure_ptxas(&root)?;
+    let mut stale = Vec::new();
+    for (arch, feature) in ARCHS {
+        util::step(&format!("building kernels-gpu for {arch} ({feature})"));
+        let text = build_arch(&root, &nightly, &llvm_bin, arch, feature)?;
+        let dest = ptx_path(&root, arch);
+        let committed = std::fs::read_to_string(&dest).unwrap_or_default();
+        if committed != text {
+            if check {
+                stale.push(dest.display().to_string());
+            } else {
+                std::fs::write(&dest, &text).map_err(|e| format!("{}: {e}", dest.display()))?;
+                println!("wrote {}", dest.display());
+            }
+        }
+        let tmp = root.join("target/ptx").join(format!("check_{arch}.ptx"));
+        std::fs::write(&tmp, &text).map_err(|e| e.to_string())?;
+        assemble(&ptxas, &tmp, arch)?;
+    }
+    if !stale.is_empty() {
+        return Err(format!(
+            "committed PTX is stale (kernel sources changed without regenerating): {}\nrun `cargo xtask build-ptx` and commit the result",
+            stale.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Path of `ptxas`, installing the pinned `nvidia-cuda-nvcc` wheel into the
+/// project-local `.venv` when missing.
+pub fn ensure_ptxas(root: &Path) -> Result<PathBuf, String> {
+    let venv = root.join(".venv");
+    if let Some(p) = find_ptxas(&venv) {
+        return Ok(p);
+    }
+    util::step(&format!(
+        "installing {PTXAS_PACKAGE} into {}",
+        venv.display()
+    ));
+    util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    util::run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", PTXAS_PACKAGE]))?;
+    find_ptxas(&venv).ok_or_else(|| "ptxas not found after installing nvidia-cuda-nvcc".into())
+}
+
+fn find_ptxas(venv: &Path) -> Option<PathBuf> {
+    let lib = venv.join("lib");
+    for py in std::fs::read_dir(lib).ok()? {
+        let nv = py.ok()?.path().join("site-packages/nvidia");
+        for sub in ["cu13/bin/ptxas", "cuda_nvcc/bin/ptxas"] {
+            let p = nv.join(sub);
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// Resource report of one kernel from `ptxas -v`.
+#[derive(Debug, Default, Clone)]
+pub struct KernelReport {
+    pub name: String,
+    pub registers: u32,
+    pub stack_frame: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub smem: u32,
+}
+
+/// Assembles `ptx` for `arch` with `ptxas -v`; fails on errors, spills and
+/// stack frames; prints registers and static shared memory per kernel.
+pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str) -> Result<Vec<KernelReport>, String> {
+    let cubin = ptx.with_extension("cubin");
+    let (_, err) = util::output(
+        Command::new(ptxas)
+            .arg(format!("-arch={arch}"))
+            .arg("-v")
+            .arg(ptx)
+            .arg("-o")
+            .arg(&cubin),
+    )?;
+    // Device functions (panic stubs etc.) are listed too; report kernels.
+    let entries: Vec<&str> = err
+        .lines()
+        .filter_map(|l| {
+            l.split("Compiling entry function '")
+                .nth(1)?
+                .split('\'')
+                .next()
+        })
+        .collect();
+    let reports: Vec<KernelReport> = parse_ptxas(&err)
+        .into_iter()
+        .filter(|r| entries.contains(&r.name.as_str()))
+        .collect();
+    if reports.is_empty() {
+        return Err(format!("ptxas reported no kernels for {arch}:\n{err}"));
+    }
+    println!(
+        "ptxas {arch}: {:<32} {:>5} {:>6} {:>6} {:>6} {:>7}",
+        "kernel", "regs", "stack", "spillS", "spillL", "smem"
+    );
+    let mut bad = Vec::new();
+    for r in &reports {
+        println!(
+            "ptxas {arch}: {:<32} {:>5} {:>6} {:>6} {:>6} {:>7}",
+            r.name, r.registers, r.stack_frame, r.spill_stores, r.spill_loads, r.smem
+        );
+        if r.spill_stores + r.spill_loads > 0 || r.stack_frame > 0 {
+            bad.push(r.name.clone());
+        }
+    }
+    for l in err.lines().filter(|l| l.contains("warning")) {
+        println!("ptxas {arch}: {l}");
+    }
+    if !bad.is_empty() {
+        return Err(format!(
+            "{arch}: local memory (spills or stack frame) in {}",
+            bad.join(", ")
+        ));
+    }
+    Ok(reports)
+}
+
+fn numbers(s: &str) -> Vec<u32> {
+    s.split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .filter_map(|t| t.parse().ok())
+        .collect()
+}
+
+/// Parses `ptxas -v` stderr into one report per function.
+pub fn parse_ptxas(text: &str) -> Vec<KernelReport> {
+    let mut out: Vec<KernelReport> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            out.push(KernelReport {
+                name: rest.trim().to_string(),
+                ..Default::default()
+            });
+        } else if let Some(r) = out.last_mut() {
+            if line.contains("bytes stack frame") {
+                let n = numbers(line);
+                if n.len() >= 3 {
+                    (r.stack_frame, r.spill_stores, r.spill_loads) = (n[0], n[1], n[2]);
+                }
+            } else if let Some(rest) = line.split("Used ").nth(1) {
+                r.registers = numbers(rest.split(" registers").next().unwrap_or(""))
+                    .first()
+                    .copied()
+                    .unwrap_or(0);
+                if let Some(sm) = rest.split(',').find(|p| p.contains("smem")) {
+                    r.smem = numbers(sm).first().copied().unwrap_or(0);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ptxas_resource_lines() {
+        let text = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'k1' for 'sm_90a'\n\
+ptxas info    : Function properties for k1\n\
+    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n\
+ptxas info    : Used 72 registers, used 1 barriers, 16 bytes smem, 400 bytes cmem[0]\n\
+ptxas info    : Function properties for k2\n\
+    24 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 8 registers, used 0 barriers, 384 bytes cmem[0]\n";
+        let r = parse_ptxas(text);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (
+                r[0].name.as_str(),
+                r[0].registers,
+                r[0].spill_stores,
+                r[0].spill_loads,
+                r[0].smem
+            ),
+            ("k1", 72, 8, 4, 16)
+        );
+        assert_eq!(
+            (
+                r[1].name.as_str(),
+                r[1].stack_frame,
+                r[1].registers,
+                r[1].smem
+            ),
+            ("k2", 24, 8, 0)
+        );
+    }
+
+    #[test]
+    fn pinned_nightly_is_read_from_the_toolchain_file() {
+        let n = pinned_nightly(&util::repo_root()).unwrap();
+        assert!(n.starts_with("nightly-20"), "{n}");
+    }
+}
