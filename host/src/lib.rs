@@ -20,6 +20,7 @@
 pub mod cpu;
 mod error;
 pub mod gpu;
+pub mod oneshot;
 mod plan;
 mod shape;
 

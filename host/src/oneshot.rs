@@ -1,0 +1,147 @@
+//! One-shot convenience: run the backward on host data, on the GPU when
+//! one is present, else on the CPU fallback. Allocates and synchronises;
+//! for training loops build a [`Plan`](crate::Plan) once and call `execute`.
+
+use crate::cpu::{self, HostGrad, HostInputs, HostOutputs};
+use crate::error::Result;
+use crate::plan::{GradOut, Inputs, Outputs, Plan};
+use crate::shape::{GradDtype, Options, Shape};
+use cudarc::driver::{CudaContext, CudaStream};
+use half::bf16;
+use std::sync::Arc;
+
+/// A gradient returned to the host in the plan's element type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GradVec {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// bf16 elements.
+    Bf16(Vec<bf16>),
+}
+
+impl GradVec {
+    fn zeros(dtype: GradDtype, n: usize) -> GradVec {
+        match dtype {
+            GradDtype::F32 => GradVec::F32(vec![0.0; n]),
+            GradDtype::Bf16 => GradVec::Bf16(vec![bf16::ZERO; n]),
+        }
+    }
+    fn as_host(&mut self) -> HostGrad<'_> {
+        match self {
+            GradVec::F32(v) => HostGrad::F32(v),
+            GradVec::Bf16(v) => HostGrad::Bf16(v),
+        }
+    }
+    /// Values widened to f64.
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            GradVec::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            GradVec::Bf16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        }
+    }
+}
+
+/// Outputs of [`run`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostResult {
+    /// grad_signal (what `attn_score` holds afterwards).
+    pub grad_signal: Vec<f32>,
+    /// `d_index_q`.
+    pub d_index_q: Vec<bf16>,
+    /// `d_weights` in the options' type.
+    pub d_weights: GradVec,
+    /// `d_index_k` in the options' type.
+    pub d_index_k: GradVec,
+    /// `"gpu"` or `"cpu"`.
+    pub backend: &'static str,
+}
+
+/// Runs the whole backward on host data: GPU 0 when present and
+/// `allow_gpu`, else the CPU fallback.
+pub fn run(shape: &Shape, opts: &Options, x: &HostInputs, allow_gpu: bool) -> Result<HostResult> {
+    cpu::validate_host(shape, opts, x)?;
+    if allow_gpu && crate::cuda_device_count() > 0 {
+        let ctx = CudaContext::new(0)?;
+        return run_gpu(&ctx, &ctx.default_stream(), shape, opts, x);
+    }
+    let mut r = HostResult {
+        grad_signal: x.attn_score.to_vec(),
+        d_index_q: vec![bf16::ZERO; shape.q_len()],
+        d_weights: GradVec::zeros(opts.d_weights, shape.w_len()),
+        d_index_k: GradVec::zeros(opts.d_index_k, shape.k_len()),
+        backend: "cpu",
+    };
+    let out = HostOutputs {
+        attn_score: &mut r.grad_signal,
+        d_index_q: &mut r.d_index_q,
+        d_weights: r.d_weights.as_host(),
+        d_index_k: r.d_index_k.as_host(),
+    };
+    cpu::execute(shape, opts, x, out)?;
+    Ok(r)
+}
+
+fn run_gpu(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    shape: &Shape,
+    opts: &Options,
+    x: &HostInputs,
+) -> Result<HostResult> {
+    let plan = Plan::new(ctx, *shape, *opts)?;
+    let q = stream.clone_htod(x.index_q)?;
+    let w = stream.clone_htod(x.weights)?;
+    let k = stream.clone_htod(x.index_k)?;
+    let score = stream.clone_htod(x.index_score)?;
+    let ids = stream.clone_htod(x.topk_indices)?;
+    let gl = stream.clone_htod(&[x.grad_loss])?;
+    let mut attn = stream.clone_htod(x.attn_score)?;
+    let mut dq = stream.alloc_zeros::<bf16>(shape.q_len())?;
+    let mut ws = stream.alloc_zeros::<u8>(plan.workspace_bytes().max(16))?;
+    let (mut dw32, mut dw16) = (
+        stream.alloc_zeros::<f32>(shape.w_len())?,
+        stream.alloc_zeros::<bf16>(shape.w_len())?,
+    );
+    let (mut dk32, mut dk16) = (
+        stream.alloc_zeros::<f32>(shape.k_len())?,
+        stream.alloc_zeros::<bf16>(shape.k_len())?,
+    );
+    {
+        let inputs = Inputs {
+            index_q: q.as_view(),
+            weights: w.as_view(),
+            index_k: k.as_view(),
+            index_score: score.as_view(),
+            topk_indices: ids.as_view(),
+            grad_loss: gl.as_view(),
+        };
+        let mut outputs = Outputs {
+            attn_score: attn.as_view_mut(),
+            d_index_q: dq.as_view_mut(),
+            d_weights: match opts.d_weights {
+                GradDtype::F32 => GradOut::F32(dw32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(dw16.as_view_mut()),
+            },
+            d_index_k: match opts.d_index_k {
+                GradDtype::F32 => GradOut::F32(dk32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(dk16.as_view_mut()),
+            },
+            workspace: Some(ws.as_view_mut()),
+        };
+        plan.execute(stream, &inputs, &mut outputs, x.loss_coeff)?;
+    }
+    stream.synchronize()?;
+    Ok(HostResult {
+        grad_signal: stream.clone_dtoh(&attn)?,
+        d_index_q: stream.clone_dtoh(&dq)?,
+        d_weights: match opts.d_weights {
+            GradDtype::F32 => GradVec::F32(stream.clone_dtoh(&dw32)?),
+            GradDtype::Bf16 => GradVec::Bf16(stream.clone_dtoh(&dw16)?),
+        },
+        d_index_k: match opts.d_index_k {
+            GradDtype::F32 => GradVec::F32(stream.clone_dtoh(&dk32)?),
+            GradDtype::Bf16 => GradVec::Bf16(stream.clone_dtoh(&dk16)?),
+        },
+        backend: "gpu",
+    })
+}
