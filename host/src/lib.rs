@@ -28,5 +28,5 @@ pub use cudarc;
 pub use error::{Error, Result};
 pub use gpu::cuda_device_count;
 pub use half::bf16;
-pub use plan::{GradOut, Inputs, Outputs, Plan};
+pub use plan::{GradOut, Inputs, Outputs, Plan, StageEvents, StageTimes};
 pub use shape::{GradDtype, KeyIds, Options, ScoreKind, Shape};

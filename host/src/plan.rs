@@ -4,8 +4,8 @@ use crate::error::{Error, Result};
 use crate::gpu;
 use crate::shape::{check_finite, GradDtype, KeyIds, Options, ScoreKind, Shape};
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
-    DeviceSlice,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DevicePtrMut, DeviceSlice,
 };
 use half::bf16;
 use kernels_gpu::params::{
@@ -146,6 +146,30 @@ impl Plan {
         inputs: &Inputs<'_>,
         outputs: &mut Outputs<'_>,
         loss_coeff: f32,
+    ) -> Result<()> {
+        self.run(stream, inputs, outputs, loss_coeff, None)
+    }
+
+    /// [`execute`](Plan::execute), recording `events` before, between and
+    /// after its stages (for benchmarks; the events add no synchronisation).
+    pub fn execute_profiled(
+        &self,
+        stream: &CudaStream,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        loss_coeff: f32,
+        events: &StageEvents,
+    ) -> Result<()> {
+        self.run(stream, inputs, outputs, loss_coeff, Some(events))
+    }
+
+    fn run(
+        &self,
+        stream: &CudaStream,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        loss_coeff: f32,
+        events: Option<&StageEvents>,
     ) -> Result<()> {
         check_finite("loss_coeff", loss_coeff)?;
         let ordinal = self.ctx.ordinal();
@@ -298,7 +322,9 @@ impl Plan {
                 bytes: dk_bytes,
                 len: dk_len,
                 expected: s.k_len(),
-                align: 4,
+                // f32: the accumulator itself, its rows are bulk-reduced
+                // (16-byte aligned); bf16: written by u32 stores.
+                align: if ws_needed == 0 { 16 } else { 4 },
                 output: true,
                 ctx: dk_ctx,
             },
@@ -387,8 +413,11 @@ impl Plan {
         // alignment and aliasing against the plan's shape; the launch shape
         // is the row kernel's contract (one CTA per row, GRAD_THREADS,
         // RowSmem bytes, limit raised in `new`).
+        let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
+        mark(events.map(|e| &e.start))?;
         unsafe {
             gpu::memset_zero(stream, accum, s.k_len() * 4)?;
+            mark(events.map(|e| &e.zeroed))?;
             gpu::launch(
                 stream,
                 &self.row_fn,
@@ -397,6 +426,7 @@ impl Plan {
                 self.smem.bytes,
                 &p,
             )?;
+            mark(events.map(|e| &e.gradients))?;
             if ws_needed > 0 {
                 let c = CastParams {
                     src: ws,
@@ -408,7 +438,59 @@ impl Plan {
                 gpu::launch(stream, &self.cast_fn, grid, CAST_THREADS, 0, &c)?;
             }
         }
+        mark(events.map(|e| &e.end))?;
         Ok(())
+    }
+}
+
+/// Timing events around the stages of [`Plan::execute_profiled`].
+pub struct StageEvents {
+    /// Before zeroing the f32 dK accumulator.
+    pub start: CudaEvent,
+    /// After zeroing.
+    pub zeroed: CudaEvent,
+    /// After the row kernel (score gradient + gradients).
+    pub gradients: CudaEvent,
+    /// After the bf16 cast (when there is one).
+    pub end: CudaEvent,
+}
+
+/// Stage times in microseconds from [`StageEvents`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StageTimes {
+    /// Zeroing of the dK accumulator.
+    pub zeroing_us: f64,
+    /// Score gradient and gradients (one fused kernel).
+    pub gradients_us: f64,
+    /// Cast of dK to bf16 (0 when d_index_k is f32).
+    pub cast_us: f64,
+    /// Whole `execute`.
+    pub total_us: f64,
+}
+
+impl StageEvents {
+    /// Four timing-enabled events on `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<StageEvents> {
+        let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
+        Ok(StageEvents {
+            start: ev()?,
+            zeroed: ev()?,
+            gradients: ev()?,
+            end: ev()?,
+        })
+    }
+
+    /// Waits for the last event and returns the stage times.
+    pub fn times(&self) -> Result<StageTimes> {
+        self.end.synchronize()?;
+        let us =
+            |a: &CudaEvent, b: &CudaEvent| -> Result<f64> { Ok(a.elapsed_ms(b)? as f64 * 1e3) };
+        Ok(StageTimes {
+            zeroing_us: us(&self.start, &self.zeroed)?,
+            gradients_us: us(&self.zeroed, &self.gradients)?,
+            cast_us: us(&self.gradients, &self.end)?,
+            total_us: us(&self.start, &self.end)?,
+        })
     }
 }
 

@@ -13,8 +13,10 @@
 
 use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE};
 use crate::ptx::smem::{self, SmemAddr};
-use crate::ptx::{cvt, global, mma, sreg, sync};
-use crate::tiles::{RowSmem, CHUNK, GRAD_THREADS, GRAD_WARPS, MMA_K, MMA_M, MMA_N, ROW_PAD};
+use crate::ptx::{bulk, cvt, global, mma, sreg, sync};
+use crate::tiles::{
+    RowSmem, CHUNK, DK_PAD, GRAD_THREADS, GRAD_WARPS, MMA_K, MMA_M, MMA_N, ROW_PAD,
+};
 
 /// `exp(-100)` rounded to f32: 27 * 2^-149, a subnormal. For every f32 `x`,
 /// `x >= CLIP` agrees with `x >= exp(-100)` computed exactly, because
@@ -143,6 +145,8 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         base.add(l.w),
         base.add(l.red),
     );
+    let sdk = base.add(l.dk);
+    let dk_stride = (d_u + DK_PAD) * 4; // bytes per staged dK row
 
     let tid = sreg::thread_idx_x();
     let warp = tid / 32;
@@ -385,22 +389,39 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
             }
         }
 
-        // ---- reduce: scatter-add dK rows of valid slots ----
-        for (mt, acc) in kacc.iter().enumerate() {
-            for half in 0..2 {
-                let slot = mt as u32 * MMA_M + g + 8 * half as u32;
-                // SAFETY: `srows` was written before a barrier; a valid row
-                // and column address lies inside the (B*S_k, D) accumulator.
-                unsafe {
-                    let r = smem::ld_u32(srows.add(4 * slot)) as i32;
-                    if r >= 0 {
-                        for (nq, a) in acc.iter().enumerate() {
-                            let col = dbase + nq as u32 * MMA_N + c;
-                            let dst = dk.add(r as usize * D + col as usize);
-                            global::red_add_f32(dst, a[2 * half] * sm_scale);
-                            global::red_add_f32(dst.add(1), a[2 * half + 1] * sm_scale);
-                        }
+        // ---- reduce: stage the chunk's dK rows in shared memory, then one
+        // bulk reduction (TMA unit) per valid slot row into the accumulator ----
+        if tid < CHUNK {
+            // This thread's bulk reduction of the previous chunk has read the tile.
+            bulk::wait_group_read_0();
+        }
+        // SAFETY: uniform barrier; each thread then writes its own fragment
+        // elements (distinct (slot, col) pairs) of the staging tile.
+        unsafe {
+            sync::bar_sync();
+            for (mt, acc) in kacc.iter().enumerate() {
+                for half in 0..2 {
+                    let slot = mt as u32 * MMA_M + g + 8 * half as u32;
+                    for (nq, a) in acc.iter().enumerate() {
+                        let col = dbase + nq as u32 * MMA_N + c;
+                        let at = sdk.add(slot * dk_stride + col * 4);
+                        smem::st_v2_f32(at, a[2 * half] * sm_scale, a[2 * half + 1] * sm_scale);
                     }
+                }
+            }
+            bulk::fence_proxy_async_shared();
+            sync::bar_sync();
+        }
+        if tid < CHUNK {
+            // SAFETY: `srows` was written before a barrier; a valid row lies
+            // inside the (B*S_k, D) accumulator (16-byte aligned rows, host
+            // checks the base); the staged row was fenced and is not written
+            // again before this thread's next `wait_group_read_0`.
+            unsafe {
+                let r = smem::ld_u32(srows.add(4 * tid)) as i32;
+                if r >= 0 {
+                    bulk::reduce_add_f32(dk.add(r as usize * D), sdk.add(tid * dk_stride), d_u * 4);
+                    bulk::commit_group();
                 }
             }
         }
@@ -408,6 +429,12 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         // SAFETY: uniform barrier.
         unsafe { sync::bar_sync() };
         t0 += CHUNK as usize;
+    }
+
+    if tid < CHUNK {
+        // Bulk reductions must finish reading shared memory (and land)
+        // before the CTA exits.
+        bulk::wait_group_0();
     }
 
     // ---- epilogue: d_index_q (bf16 pairs) ----

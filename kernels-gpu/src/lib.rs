@@ -26,6 +26,8 @@ pub mod ptx;
 #[cfg(target_arch = "nvptx64")]
 mod cast;
 #[cfg(target_arch = "nvptx64")]
+mod ceil;
+#[cfg(target_arch = "nvptx64")]
 mod grad;
 #[cfg(target_arch = "nvptx64")]
 mod smoke;

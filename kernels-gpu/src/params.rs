@@ -81,6 +81,40 @@ pub struct SmokeParams {
     pub _pad: u32,
 }
 
+/// Parameters of the ceiling kernels (`ceil_*`), see `kernels-gpu/src/ceil.rs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CeilParams {
+    /// Destination / accumulator buffer.
+    pub a: u64,
+    /// Source buffer.
+    pub b: u64,
+    /// i32 row ids (scatter, gather).
+    pub idx: u64,
+    /// Element count: row ids, or 16-byte vectors for the copy.
+    pub n: u64,
+    /// Loop iterations (MMA throughput).
+    pub iters: u32,
+    /// Keeps the struct a multiple of 8 bytes.
+    pub _pad: u32,
+}
+
+/// Row length, in elements, of the scatter and gather ceilings (the D of
+/// the SPEC workload).
+pub const CEIL_ROW: u32 = 128;
+/// Ceiling kernel names.
+pub const CEIL_MMA: &str = "ceil_mma_bf16";
+/// See [`CEIL_MMA`].
+pub const CEIL_SCATTER_RED: &str = "ceil_scatter_red";
+/// See [`CEIL_MMA`].
+pub const CEIL_SCATTER_BULK: &str = "ceil_scatter_bulk";
+/// See [`CEIL_MMA`].
+pub const CEIL_GATHER: &str = "ceil_gather_bf16";
+/// See [`CEIL_MMA`].
+pub const CEIL_COPY: &str = "ceil_copy";
+/// Independent MMA chains per warp in the MMA ceiling kernel.
+pub const CEIL_MMA_CHAINS: u32 = 8;
+
 /// Threads per CTA of the smoke kernel.
 pub const SMOKE_THREADS: u32 = 128;
 /// Dynamic shared memory of the smoke kernel: one mbarrier (8 bytes, padded
@@ -138,5 +172,6 @@ mod tests {
         assert_eq!(core::mem::size_of::<GradParams>(), 10 * 8 + 8 * 4);
         assert_eq!(core::mem::size_of::<CastParams>(), 24);
         assert_eq!(core::mem::size_of::<SmokeParams>(), 24);
+        assert_eq!(core::mem::size_of::<CeilParams>(), 40);
     }
 }

@@ -17,6 +17,9 @@ pub const CHUNK: u32 = 8 * GRAD_WARPS;
 /// Padding, in bf16 elements, added to each shared-memory row so that the
 /// eight rows touched by one mma fragment load fall into different banks.
 pub const ROW_PAD: u32 = 8;
+/// Padding, in f32 elements, of each staged dK row (keeps rows 16-byte
+/// aligned for the bulk reduction and shifts banks between rows).
+pub const DK_PAD: u32 = 4;
 /// MMA tile: rows (M) per m16n8k16 fragment.
 pub const MMA_M: u32 = 16;
 /// MMA tile: columns (N) per fragment.
@@ -41,6 +44,9 @@ pub struct RowSmem {
     pub w: u32,
     /// Per-warp partial sums (`GRAD_WARPS * heads` f32): G, then d_weights.
     pub red: u32,
+    /// dK rows of the chunk staged for the bulk reduction, `CHUNK` rows of
+    /// `dim + DK_PAD` f32.
+    pub dk: u32,
     /// Total dynamic shared memory in bytes.
     pub bytes: u32,
 }
@@ -55,7 +61,8 @@ impl RowSmem {
         let rows = gs + CHUNK * 4;
         let w = rows + CHUNK * 4;
         let red = w + heads * 4;
-        let bytes = red + GRAD_WARPS * heads * 4;
+        let dk = red + GRAD_WARPS * heads * 4;
+        let bytes = dk + CHUNK * (dim + DK_PAD) * 4;
         RowSmem {
             q,
             k,
@@ -64,6 +71,7 @@ impl RowSmem {
             rows,
             w,
             red,
+            dk,
             bytes,
         }
     }
@@ -79,6 +87,7 @@ const _: () = {
     let l = RowSmem::new(16, 64);
     assert!(l.k.is_multiple_of(16) && l.ds.is_multiple_of(16) && l.gs.is_multiple_of(16));
     assert!(l.rows.is_multiple_of(16) && l.w.is_multiple_of(16) && l.red.is_multiple_of(16));
+    assert!(l.dk.is_multiple_of(16) && ((64 + DK_PAD) * 4).is_multiple_of(16));
 };
 // Each warp owns one n-tile of S and 1/GRAD_WARPS of the D columns of dQ/dK.
 const _: () = assert!(CHUNK == MMA_N * GRAD_WARPS);
@@ -94,7 +103,7 @@ mod tests {
         for h in crate::params::SUPPORTED_HEADS {
             for d in crate::params::SUPPORTED_DIMS {
                 let l = RowSmem::new(h, d);
-                let offs = [l.q, l.k, l.ds, l.gs, l.rows, l.w, l.red, l.bytes];
+                let offs = [l.q, l.k, l.ds, l.gs, l.rows, l.w, l.red, l.dk, l.bytes];
                 assert!(offs.windows(2).all(|p| p[0] < p[1]), "{h}x{d}: {l:?}");
                 assert!(offs.iter().all(|o| o.is_multiple_of(16)), "{h}x{d}: {l:?}");
                 assert!(l.bytes <= SMEM_LIMIT_SM90);

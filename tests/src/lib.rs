@@ -2,6 +2,8 @@
 //! problems, a GPU runner, error metrics, and GPU discovery that says
 //! `skipped: no CUDA device` (or fails under `INDEXER_REQUIRE_GPU=1`).
 
+pub mod report;
+
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use dsa_indexer_bwd::cpu::{Grads, HostInputs};
 use dsa_indexer_bwd::{
@@ -300,6 +302,16 @@ impl DeviceProblem {
         stream: &Arc<CudaStream>,
         loss_coeff: f32,
     ) -> dsa_indexer_bwd::Result<()> {
+        self.run(plan, stream, loss_coeff, None)
+    }
+
+    fn run(
+        &mut self,
+        plan: &Plan,
+        stream: &Arc<CudaStream>,
+        loss_coeff: f32,
+        events: Option<&dsa_indexer_bwd::StageEvents>,
+    ) -> dsa_indexer_bwd::Result<()> {
         let opts = *plan.options();
         let inputs = Inputs {
             index_q: self.q.as_view(),
@@ -322,7 +334,21 @@ impl DeviceProblem {
             },
             workspace: Some(self.ws.as_view_mut()),
         };
-        plan.execute(stream, &inputs, &mut outputs, loss_coeff)
+        match events {
+            Some(ev) => plan.execute_profiled(stream, &inputs, &mut outputs, loss_coeff, ev),
+            None => plan.execute(stream, &inputs, &mut outputs, loss_coeff),
+        }
+    }
+
+    /// [`execute`](Self::execute) with stage events (benchmarks).
+    pub fn execute_profiled(
+        &mut self,
+        plan: &Plan,
+        stream: &Arc<CudaStream>,
+        loss_coeff: f32,
+        events: &dsa_indexer_bwd::StageEvents,
+    ) -> dsa_indexer_bwd::Result<()> {
+        self.run(plan, stream, loss_coeff, Some(events))
     }
 
     /// Copies the results back.

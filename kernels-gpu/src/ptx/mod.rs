@@ -4,6 +4,7 @@
 //!
 //! Kernels call these wrappers and never write PTX themselves.
 
+pub mod bulk;
 pub mod cvt;
 pub mod global;
 pub mod mbarrier;

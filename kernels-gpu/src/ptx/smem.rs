@@ -108,3 +108,17 @@ pub unsafe fn st_v4(a: SmemAddr, v: [u32; 4]) {
              options(nostack))
     }
 }
+
+/// `st.shared.v2.f32`: 8 bytes.
+///
+/// # Safety
+/// `a` must be 8-byte aligned and inside the launch's dynamic shared memory,
+/// and no other thread may access those bytes concurrently.
+#[inline(always)]
+pub unsafe fn st_v2_f32(a: SmemAddr, x: f32, y: f32) {
+    // SAFETY: the caller guarantees an aligned in-bounds, unshared address.
+    unsafe {
+        asm!("st.shared.v2.f32 [{a}], {{{x}, {y}}};", a = in(reg32) a.0, x = in(reg32) x, y = in(reg32) y,
+             options(nostack))
+    }
+}

@@ -1,0 +1,156 @@
+//! Small kernels that measure this GPU's ceilings for the benchmark:
+//! tensor-core throughput of the instruction the row kernel uses, scattered
+//! f32 row reduction (per-element `red` and bulk `cp.reduce.async.bulk`),
+//! gathered bf16 rows, and plain copy bandwidth.
+
+use crate::params::{CeilParams, CEIL_MMA_CHAINS, CEIL_ROW};
+use crate::ptx::{bulk, global, mma, smem, sreg};
+
+/// Independent accumulator chains per warp in [`ceil_mma_bf16`].
+const CHAINS: usize = CEIL_MMA_CHAINS as usize;
+
+/// Each warp issues `p.iters * CHAINS` `mma.sync` m16n8k16 (bf16 -> f32) on
+/// register operands and writes one checksum per thread to `p.a` (f32).
+///
+/// # Safety
+/// `p.a` must hold one f32 per launched thread.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn ceil_mma_bf16(p: CeilParams) {
+    let tid = sreg::block_idx_x() * sreg::block_dim_x() + sreg::thread_idx_x();
+    let a = [
+        tid | 0x3f80_3f80,
+        tid ^ 0x3f00_3f00,
+        0x3e80_3e80,
+        0x3f80_0000,
+    ];
+    let b = [0x3c00_3c00 ^ tid, 0x3c00_3c00];
+    let mut acc = [[0.0f32; 4]; CHAINS];
+    let mut i = 0;
+    while i < p.iters {
+        for c in acc.iter_mut() {
+            // SAFETY: every lane of every warp executes the same iterations.
+            unsafe { mma::mma_bf16_16816(c, a, b) };
+        }
+        i += 1;
+    }
+    let mut s = 0.0f32;
+    for c in &acc {
+        s += c[0] + c[1] + c[2] + c[3];
+    }
+    // SAFETY: one f32 per thread (caller).
+    unsafe { *(p.a as *mut f32).add(tid as usize) = s };
+}
+
+/// Scattered f32 row reduction, one `red.global.add.f32` per element: warp
+/// `w` adds a row of `CEIL_ROW` f32 (from registers) into row `idx[i]` of
+/// `p.a` for i = w, w + warps, ... < `p.n`.
+///
+/// # Safety
+/// `p.idx` holds `p.n` row ids below the row count of `p.a` (rows of
+/// `CEIL_ROW` f32).
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn ceil_scatter_red(p: CeilParams) {
+    let lane = sreg::thread_idx_x() % 32;
+    let warps = sreg::grid_dim_x() * sreg::block_dim_x() / 32;
+    let mut i = (sreg::block_idx_x() * sreg::block_dim_x() + sreg::thread_idx_x()) / 32;
+    let v = 1.0f32 + lane as f32;
+    while (i as u64) < p.n {
+        // SAFETY: idx has n entries; each row id is in range (caller).
+        unsafe {
+            let r = *(p.idx as *const i32).add(i as usize) as usize;
+            let row = (p.a as *mut f32).add(r * CEIL_ROW as usize);
+            let mut j = lane;
+            while j < CEIL_ROW {
+                global::red_add_f32(row.add(j as usize), v);
+                j += 32;
+            }
+        }
+        i += warps;
+    }
+}
+
+/// Scattered f32 row reduction by the bulk engine: each thread stages one
+/// row in shared memory and issues one `cp.reduce.async.bulk` per index.
+/// Launch with `CEIL_ROW * 4 * block_dim` bytes of dynamic shared memory.
+///
+/// # Safety
+/// As [`ceil_scatter_red`]; `p.a` 16-byte aligned.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn ceil_scatter_bulk(p: CeilParams) {
+    let t = sreg::thread_idx_x();
+    let row_bytes = CEIL_ROW * 4;
+    let mine = smem::base().add(t * row_bytes);
+    let mut j = 0;
+    while j < CEIL_ROW {
+        // SAFETY: this thread's own staging row.
+        unsafe { smem::st_f32(mine.add(4 * j), 1.0 + j as f32) };
+        j += 1;
+    }
+    bulk::fence_proxy_async_shared();
+    let threads = sreg::grid_dim_x() * sreg::block_dim_x();
+    let mut i = sreg::block_idx_x() * sreg::block_dim_x() + t;
+    while (i as u64) < p.n {
+        // SAFETY: in-range row (caller); the staged row is never rewritten.
+        unsafe {
+            let r = *(p.idx as *const i32).add(i as usize) as usize;
+            bulk::reduce_add_f32(
+                (p.a as *mut f32).add(r * CEIL_ROW as usize),
+                mine,
+                row_bytes,
+            );
+        }
+        bulk::commit_group();
+        i += threads;
+    }
+    bulk::wait_group_0();
+}
+
+/// Gathered bf16 rows: warp `w` reads row `idx[i]` (`CEIL_ROW` bf16, 16
+/// bytes per lane) of `p.b` for i = w, w + warps, ...; each thread writes a
+/// checksum to `p.a` (u32).
+///
+/// # Safety
+/// `p.idx` holds `p.n` in-range row ids of `p.b` (16-byte aligned rows);
+/// `p.a` holds one u32 per launched thread.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn ceil_gather_bf16(p: CeilParams) {
+    let tid = sreg::block_idx_x() * sreg::block_dim_x() + sreg::thread_idx_x();
+    let lane = tid % 32;
+    let warps = sreg::grid_dim_x() * sreg::block_dim_x() / 32;
+    let vecs = CEIL_ROW * 2 / 16; // 16-byte vectors per row
+    let mut i = tid / 32;
+    let mut sum = 0u32;
+    while (i as u64) < p.n {
+        if lane < vecs {
+            // SAFETY: in-range row of 16-byte aligned bf16 rows (caller).
+            unsafe {
+                let r = *(p.idx as *const i32).add(i as usize) as usize;
+                let v = global::ld_nc_v4(
+                    (p.b as *const u8).add(r * CEIL_ROW as usize * 2 + lane as usize * 16),
+                );
+                sum ^= v[0] ^ v[1] ^ v[2] ^ v[3];
+            }
+        }
+        i += warps;
+    }
+    // SAFETY: one u32 per thread (caller).
+    unsafe { *(p.a as *mut u32).add(tid as usize) = sum };
+}
+
+/// Copy bandwidth: `p.n` 16-byte vectors from `p.b` to `p.a`, grid-stride.
+///
+/// # Safety
+/// Both buffers 16-byte aligned with `p.n * 16` bytes, not overlapping.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn ceil_copy(p: CeilParams) {
+    let stride = (sreg::grid_dim_x() * sreg::block_dim_x()) as u64;
+    let mut i = (sreg::block_idx_x() * sreg::block_dim_x() + sreg::thread_idx_x()) as u64;
+    while i < p.n {
+        // SAFETY: i < n vectors in both buffers (caller).
+        unsafe {
+            let v = global::ld_nc_v4((p.b as *const u8).add(i as usize * 16));
+            *((p.a as *mut [u32; 4]).add(i as usize)) = v;
+        }
+        i += stride;
+    }
+}
