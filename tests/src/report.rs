@@ -52,7 +52,7 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} | {:.1} | {:.0} | {} | {:.0}% |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% |",
             p.topk,
             p.ids,
             if p.dk == GradDtype::F32 { "f32" } else { "bf16" },
@@ -61,7 +61,8 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
             p.p90_us,
             p.stages.zeroing_us,
             p.stages.gradients_us,
-            p.stages.cast_us,
+            // f32 d_index_k has no cast: the events bracket nothing.
+            if p.dk == GradDtype::F32 { "-".to_string() } else { format!("{:.1}", p.stages.cast_us) },
             p.tflops,
             p.scatter_gbs,
             p.binding,
@@ -105,6 +106,9 @@ pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn st
         .configure_mesh()
         .x_desc("topk")
         .y_desc("time (us)")
+        .light_line_style(WHITE)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
     let series = [
         (
@@ -165,4 +169,107 @@ pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn st
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// JSON line of the ceilings (first line of the bench's JSON output).
+pub fn ceilings_json(gpu: &str, c: &Ceilings) -> String {
+    format!(
+        "{{\"kind\":\"ceilings\",\"gpu\":\"{gpu}\",\"mma_tflops\":{:.1},\"scatter_red_tbs\":{:.3},\"scatter_bulk_tbs\":{:.3},\"gather_tbs\":{:.3},\"copy_tbs\":{:.3}}}",
+        c.mma_flops / 1e12,
+        c.scatter_red / 1e12,
+        c.scatter_bulk / 1e12,
+        c.gather / 1e12,
+        c.copy / 1e12
+    )
+}
+
+/// JSON line of one point.
+pub fn point_json(p: &Point) -> String {
+    format!(
+        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\"}}",
+        p.topk,
+        p.ids,
+        dk_name(p.dk),
+        p.median_us,
+        p.min_us,
+        p.p90_us,
+        p.stages.zeroing_us,
+        p.stages.gradients_us,
+        p.stages.cast_us,
+        p.tflops,
+        p.scatter_gbs,
+        p.bound_us,
+        p.binding
+    )
+}
+
+fn dk_name(d: GradDtype) -> &'static str {
+    if d == GradDtype::F32 {
+        "f32"
+    } else {
+        "bf16"
+    }
+}
+
+/// Reads back the bench's JSON lines (other lines are skipped), so the
+/// table and chart of a GPU run can be re-rendered without the GPU.
+pub fn parse_json_lines(text: &str) -> Result<(String, Ceilings, Vec<Point>), String> {
+    let mut ceil = None;
+    let mut points = Vec::new();
+    let f = |v: &serde_json::Value, k: &str| {
+        v[k].as_f64()
+            .ok_or_else(|| format!("missing number {k} in {v}"))
+    };
+    for line in text.lines().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{e}: {line}"))?;
+        match v["kind"].as_str() {
+            Some("ceilings") => {
+                let c = Ceilings {
+                    mma_flops: f(&v, "mma_tflops")? * 1e12,
+                    scatter_red: f(&v, "scatter_red_tbs")? * 1e12,
+                    scatter_bulk: f(&v, "scatter_bulk_tbs")? * 1e12,
+                    gather: f(&v, "gather_tbs")? * 1e12,
+                    copy: f(&v, "copy_tbs")? * 1e12,
+                };
+                ceil = Some((v["gpu"].as_str().unwrap_or("?").to_string(), c));
+            }
+            Some("point") => {
+                let stages = StageTimes {
+                    zeroing_us: f(&v, "zeroing_us")?,
+                    gradients_us: f(&v, "gradients_us")?,
+                    cast_us: f(&v, "cast_us")?,
+                    total_us: f(&v, "median_us")?,
+                };
+                points.push(Point {
+                    topk: f(&v, "topk")? as usize,
+                    ids: if v["ids"] == "ragged" {
+                        "ragged"
+                    } else {
+                        "uniform"
+                    },
+                    dk: if v["dk"] == "bf16" {
+                        GradDtype::Bf16
+                    } else {
+                        GradDtype::F32
+                    },
+                    median_us: stages.total_us,
+                    min_us: f(&v, "min_us")?,
+                    p90_us: f(&v, "p90_us")?,
+                    stages,
+                    tflops: f(&v, "tflops")?,
+                    scatter_gbs: f(&v, "dk_scatter_gbs")?,
+                    bound_us: f(&v, "bound_us")?,
+                    binding: if v["binding"] == "mma" {
+                        "mma"
+                    } else {
+                        "dK scatter"
+                    },
+                });
+            }
+            _ => {}
+        }
+    }
+    let (gpu, c) = ceil.ok_or("no ceilings line")?;
+    Ok((gpu, c, points))
 }

@@ -10,13 +10,16 @@
 //!               [--topk 128,256,512,1024,2048] [--ids uniform,ragged]
 //!               [--dk f32,bf16] [--runs 30] [--warmup 5]
 //!               [--plot FILE.svg] [--markdown FILE] [--json FILE]
+//! indexer-bench --from-json RUN.jsonl [--plot FILE.svg] [--markdown FILE]
 //! ```
 
 use dsa_indexer_bwd::cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut,
 };
 use dsa_indexer_bwd::{gpu, GradDtype, Options, Plan, Shape, StageEvents, StageTimes};
-use indexer_tests::report::{markdown, plot, Ceilings, Point};
+use indexer_tests::report::{
+    ceilings_json, markdown, parse_json_lines, plot, point_json, Ceilings, Point,
+};
 use indexer_tests::{DeviceProblem, Gen, Padding, Problem, Values};
 use kernels_gpu::params::*;
 use rand::{Rng, SeedableRng};
@@ -171,8 +174,26 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
     }
 }
 
+/// `--markdown FILE` and `--plot FILE.svg`.
+fn write_reports(args: &[String], gpu: &str, ceil: &Ceilings, points: &[Point]) {
+    if let Some(f) = arg(args, "--markdown") {
+        std::fs::write(f, markdown(points, gpu, ceil)).expect("--markdown");
+    }
+    if let Some(f) = arg(args, "--plot") {
+        plot(f, points, ceil).expect("--plot");
+        eprintln!("wrote {f}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(f) = arg(&args, "--from-json") {
+        // Re-render the reports of an earlier GPU run from its JSON lines.
+        let text = std::fs::read_to_string(f).expect("--from-json");
+        let (gpu, ceil, points) = parse_json_lines(&text).expect("--from-json");
+        write_reports(&args, &gpu, &ceil, &points);
+        return;
+    }
     let seq_q = num(&args, "--seq-q", 8192);
     let seq_k = num(&args, "--seq-k", 4096);
     let heads = num(&args, "--heads", 64);
@@ -213,14 +234,8 @@ fn main() {
         ceil.gather / 1e12,
         ceil.copy / 1e12
     );
-    println!(
-        "{{\"kind\":\"ceilings\",\"gpu\":\"{gpu_name}\",\"mma_tflops\":{:.1},\"scatter_red_tbs\":{:.3},\"scatter_bulk_tbs\":{:.3},\"gather_tbs\":{:.3},\"copy_tbs\":{:.3}}}",
-        ceil.mma_flops / 1e12,
-        ceil.scatter_red / 1e12,
-        ceil.scatter_bulk / 1e12,
-        ceil.gather / 1e12,
-        ceil.copy / 1e12
-    );
+    let ceil_line = ceilings_json(&gpu_name, &ceil);
+    println!("{ceil_line}");
 
     let total = topks.len() * id_kinds.len() * dks.len();
     let mut points = Vec::new();
@@ -345,35 +360,13 @@ fn main() {
             100.0 * p.bound_us / p.median_us
         );
     }
-    let mut json = String::new();
+    let mut json = format!("{ceil_line}\n");
     for p in &points {
-        let _ = writeln!(
-            json,
-            "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\"}}",
-            p.topk,
-            p.ids,
-            if p.dk == GradDtype::F32 { "f32" } else { "bf16" },
-            p.median_us,
-            p.min_us,
-            p.p90_us,
-            p.stages.zeroing_us,
-            p.stages.gradients_us,
-            p.stages.cast_us,
-            p.tflops,
-            p.scatter_gbs,
-            p.bound_us,
-            p.binding
-        );
+        let _ = writeln!(json, "{}", point_json(p));
     }
     print!("{json}");
     if let Some(f) = arg(&args, "--json") {
         std::fs::write(f, &json).expect("--json");
     }
-    if let Some(f) = arg(&args, "--markdown") {
-        std::fs::write(f, markdown(&points, &gpu_name, &ceil)).expect("--markdown");
-    }
-    if let Some(f) = arg(&args, "--plot") {
-        plot(f, &points, &ceil).expect("--plot");
-        eprintln!("wrote {f}");
-    }
+    write_reports(&args, &gpu_name, &ceil, &points);
 }
