@@ -13,7 +13,7 @@
 
 use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE};
 use crate::ptx::smem::{self, SmemAddr};
-use crate::ptx::{bulk, cvt, global, mma, sreg, sync};
+use crate::ptx::{bulk, cp_async, cvt, mma, sreg, sync};
 use crate::tiles::{
     RowSmem, CHUNK, DK_PAD, GRAD_THREADS, GRAD_WARPS, MMA_K, MMA_M, MMA_N, ROW_PAD,
 };
@@ -163,20 +163,17 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
     let score = p.index_score as *const f32;
     let ids = p.topk_indices as *const i32;
 
-    // ---- load: q row and weights into shared memory ----
+    // ---- load: q row (cp.async, waited for with chunk 0's K rows) and
+    // weights into shared memory ----
     let vec_per_row = d_u / 8; // 16-byte vectors per bf16 row of D
     let qrow = (p.index_q as *const u8).wrapping_add(row as usize * H * D * 2);
     let mut v = tid;
     while v < h_u * vec_per_row {
         let (h, cc) = (v / vec_per_row, v % vec_per_row);
         // SAFETY: the row has H*D bf16; 16-byte aligned (host-checked base,
-        // D*2 a multiple of 16); the destination vector is this thread's.
-        unsafe {
-            smem::st_v4(
-                at(sq, d_u, h, cc * 8),
-                global::ld_nc_v4(qrow.add(v as usize * 16)),
-            )
-        };
+        // D*2 a multiple of 16); the destination vector is this thread's and
+        // nobody reads it before this thread's wait_all and a barrier.
+        unsafe { cp_async::copy_16(at(sq, d_u, h, cc * 8), qrow.add(v as usize * 16), 16) };
         v += GRAD_THREADS;
     }
     let mut h = tid;
@@ -226,14 +223,16 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
     let dbase = warp * (d_u / GRAD_WARPS); // this warp's D columns for dQ and dK
     let dk = p.dk_accum as *mut f32;
 
-    let mut t0 = 0usize;
-    while t0 < topk {
-        // ---- stage 1, pass 2 for this chunk: grad_signal, written in place ----
+    // Stage 1, pass 2 for the chunk starting at slot `t0`, by threads
+    // < CHUNK into buffer set `set`: grad_signal (written in place over
+    // attn_score) and the resolved key row of each slot.
+    let prepare = |t0: usize, set: u32| {
         if tid < CHUNK {
             let t = t0 + tid as usize;
             let (gs, r) = if t < topk {
-                // SAFETY: t < topk; this thread is the only one touching slot t
-                // now, and every pass-1 read finished before the barrier above.
+                // SAFETY: t < topk; this thread is the only one touching
+                // slot t now, and every pass-1 read finished before the
+                // barrier that produced G.
                 unsafe {
                     let (gt, pr) = score_terms(
                         *attn.add(row_slots + t),
@@ -248,35 +247,65 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
             } else {
                 (0.0, -1)
             };
-            // SAFETY: slot tid of `sgs`/`srows` belongs to this thread.
+            // SAFETY: slot tid of this buffer set belongs to this thread, and
+            // its previous readers passed a barrier since (see the loop).
             unsafe {
-                smem::st_f32(sgs.add(4 * tid), gs);
-                smem::st_u32(srows.add(4 * tid), r as u32);
+                smem::st_f32(sgs.add(4 * (set * CHUNK + tid)), gs);
+                smem::st_u32(srows.add(4 * (set * CHUNK + tid)), r as u32);
             }
         }
-        // SAFETY: uniform barrier.
-        unsafe { sync::bar_sync() };
-
-        // ---- load: gather the chunk's K rows (zeros for padding) ----
+    };
+    // Gather (cp.async, zero-fill for padding) of the K rows listed in
+    // buffer set `set` into K buffer `set`; one group per thread.
+    let gather = |set: u32| {
+        let kbuf = sk.add(set * RowSmem::k_bytes(d_u));
         let mut v = tid;
         while v < CHUNK * vec_per_row {
             let (slot, cc) = (v / vec_per_row, v % vec_per_row);
-            // SAFETY: `srows` was filled before the barrier; a valid row is
-            // < B*S_k so the 16-byte vector lies inside index_k.
+            // SAFETY: the row ids were written before a barrier; a valid row
+            // is < B*S_k so the 16-byte vector lies inside index_k; padding
+            // copies 0 bytes (zero fill) from the valid base address.
             unsafe {
-                let r = smem::ld_u32(srows.add(4 * slot)) as i32;
-                let data = if r >= 0 {
-                    let src = (p.index_k as *const u8).add((r as usize * D + cc as usize * 8) * 2);
-                    global::ld_nc_v4(src)
+                let r = smem::ld_u32(srows.add(4 * (set * CHUNK + slot))) as i32;
+                let (src, n) = if r >= 0 {
+                    (
+                        (p.index_k as *const u8).add((r as usize * D + cc as usize * 8) * 2),
+                        16,
+                    )
                 } else {
-                    [0; 4]
+                    (p.index_k as *const u8, 0)
                 };
-                smem::st_v4(at(sk, d_u, slot, cc * 8), data);
+                cp_async::copy_16(at(kbuf, d_u, slot, cc * 8), src, n);
             }
             v += GRAD_THREADS;
         }
-        // SAFETY: uniform barrier.
+        cp_async::commit_group();
+    };
+
+    // Pipeline: chunk c's K rows are gathered while chunk c-1 is computed.
+    // Per chunk: prepare(c+1) | wait own copies | B1 | gather(c+1) | S, gate
+    // | B2 | dQ, dK | staging barriers B3, B4 | bulk reduce.
+    // Buffer reuse is safe: set/buffer (c+1)%2 was last read in chunk c-1,
+    // before its B3, and is rewritten only after chunk c's B1.
+    let nchunks = topk.div_ceil(CHUNK as usize);
+    prepare(0, 0);
+    // SAFETY: uniform barrier (row ids of chunk 0 visible to all).
+    unsafe { sync::bar_sync() };
+    gather(0);
+    for ch in 0..nchunks {
+        let cur = (ch % 2) as u32;
+        let nxt = 1 - cur;
+        if ch + 1 < nchunks {
+            prepare((ch + 1) * CHUNK as usize, nxt);
+        }
+        cp_async::wait_all();
+        // SAFETY: uniform barrier: chunk ch's K rows (and q) complete.
         unsafe { sync::bar_sync() };
+        if ch + 1 < nchunks {
+            gather(nxt);
+        }
+        let skc = sk.add(cur * RowSmem::k_bytes(d_u));
+        let (sgs, srows) = (sgs.add(4 * cur * CHUNK), srows.add(4 * cur * CHUNK));
 
         // ---- MMA: S = Q K^T, this warp's 8 slots, all heads ----
         let mut s = [[0.0f32; 4]; MT];
@@ -286,8 +315,8 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
             // SAFETY: indices stay inside the q and K tiles; full warp.
             unsafe {
                 let bf = [
-                    smem::ld_u32(at(sk, d_u, n0 + g, k0 + c)),
-                    smem::ld_u32(at(sk, d_u, n0 + g, k0 + c + 8)),
+                    smem::ld_u32(at(skc, d_u, n0 + g, k0 + c)),
+                    smem::ld_u32(at(skc, d_u, n0 + g, k0 + c + 8)),
                 ];
                 for (mt, acc) in s.iter_mut().enumerate() {
                     let h0 = mt as u32 * MMA_M;
@@ -341,8 +370,8 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
                 for nq in 0..NQ {
                     let col = dbase + nq as u32 * MMA_N + g;
                     let bf = [
-                        ld_col_pair(sk, d_u, k0 + c, col),
-                        ld_col_pair(sk, d_u, k0 + c + 8, col),
+                        ld_col_pair(skc, d_u, k0 + c, col),
+                        ld_col_pair(skc, d_u, k0 + c + 8, col),
                     ];
                     for (mt, acc) in acc_q.iter_mut().enumerate() {
                         let h0 = mt as u32 * MMA_M;
@@ -425,10 +454,6 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
                 }
             }
         }
-        // The next chunk overwrites the shared tiles.
-        // SAFETY: uniform barrier.
-        unsafe { sync::bar_sync() };
-        t0 += CHUNK as usize;
     }
 
     if tid < CHUNK {

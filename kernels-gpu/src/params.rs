@@ -151,6 +151,23 @@ pub const fn grad_kernel_name(heads: u32, dim: u32) -> Option<&'static str> {
     })
 }
 
+/// Launch bounds the link step writes into the PTX as `.maxntid` and
+/// `.minnctapersm` (Rust has no attribute for them): `(kernel, threads per
+/// CTA, minimum resident CTAs per SM)`. Two resident row-kernel CTAs per SM
+/// let one CTA's gathers and barriers overlap the other's tensor-core work;
+/// ptxas then caps registers at 128 per thread (the H=128 kernels need more
+/// and keep one CTA).
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 8] = [
+    ("indexer_bwd_rows_h16_d64", 256, 2),
+    ("indexer_bwd_rows_h16_d128", 256, 2),
+    ("indexer_bwd_rows_h32_d64", 256, 2),
+    ("indexer_bwd_rows_h32_d128", 256, 2),
+    ("indexer_bwd_rows_h64_d64", 256, 2),
+    ("indexer_bwd_rows_h64_d128", 256, 2),
+    ("indexer_bwd_rows_h128_d64", 256, 1),
+    ("indexer_bwd_rows_h128_d128", 256, 1),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +182,19 @@ mod tests {
         }
         assert!(grad_kernel_name(48, 128).is_none());
         assert!(grad_kernel_name(64, 96).is_none());
+    }
+
+    #[test]
+    fn launch_bounds_cover_every_row_kernel_and_fit_shared_memory() {
+        for h in SUPPORTED_HEADS {
+            for d in SUPPORTED_DIMS {
+                let name = grad_kernel_name(h, d).unwrap();
+                let (_, threads, ctas) = LAUNCH_BOUNDS.iter().find(|b| b.0 == name).expect(name);
+                assert_eq!(*threads, crate::tiles::GRAD_THREADS);
+                let smem = crate::tiles::RowSmem::new(h, d).bytes;
+                assert!(smem * ctas <= crate::tiles::SMEM_LIMIT_SM90, "{name}");
+            }
+        }
     }
 
     #[test]

@@ -32,13 +32,15 @@ pub const MMA_K: u32 = 16;
 pub struct RowSmem {
     /// `q` of the row, `heads` rows of `dim + ROW_PAD` bf16.
     pub q: u32,
-    /// Gathered K rows of the chunk, `CHUNK` rows of `dim + ROW_PAD` bf16.
+    /// Gathered K rows, two buffers (current chunk, prefetched next chunk)
+    /// of `CHUNK` rows of `dim + ROW_PAD` bf16, [`RowSmem::k_bytes`] apart.
     pub k: u32,
     /// `dS` of the chunk as bf16, `heads` rows of `CHUNK + ROW_PAD`.
     pub ds: u32,
-    /// grad_signal of the chunk's slots, `CHUNK` f32.
+    /// grad_signal of the chunk's slots, two buffers of `CHUNK` f32.
     pub gs: u32,
-    /// Resolved key row of each slot (`-1` for padding), `CHUNK` i32.
+    /// Resolved key row of each slot (`-1` for padding), two buffers of
+    /// `CHUNK` i32.
     pub rows: u32,
     /// `weights[b,s,:]` as f32, `heads` values.
     pub w: u32,
@@ -52,14 +54,19 @@ pub struct RowSmem {
 }
 
 impl RowSmem {
+    /// Bytes of one K buffer.
+    pub const fn k_bytes(dim: u32) -> u32 {
+        CHUNK * (dim + ROW_PAD) * 2
+    }
+
     /// Layout for a supported `heads` x `dim` (multiples of 16).
     pub const fn new(heads: u32, dim: u32) -> Self {
         let q = 0;
         let k = q + heads * (dim + ROW_PAD) * 2;
-        let ds = k + CHUNK * (dim + ROW_PAD) * 2;
+        let ds = k + 2 * Self::k_bytes(dim);
         let gs = ds + heads * (CHUNK + ROW_PAD) * 2;
-        let rows = gs + CHUNK * 4;
-        let w = rows + CHUNK * 4;
+        let rows = gs + 2 * CHUNK * 4;
+        let w = rows + 2 * CHUNK * 4;
         let red = w + heads * 4;
         let dk = red + GRAD_WARPS * heads * 4;
         let bytes = dk + CHUNK * (dim + DK_PAD) * 4;
@@ -80,8 +87,10 @@ impl RowSmem {
 /// Shared memory one H100/H200 CTA may use (227 KiB).
 pub const SMEM_LIMIT_SM90: u32 = 227 * 1024;
 
-// The largest specialisation must fit, with room for two CTAs per SM.
-const _: () = assert!(RowSmem::new(128, 128).bytes * 2 <= SMEM_LIMIT_SM90);
+// The largest specialisation must fit; H <= 64 must fit twice (two
+// resident CTAs, see params::LAUNCH_BOUNDS, also checked by a unit test).
+const _: () = assert!(RowSmem::new(128, 128).bytes <= SMEM_LIMIT_SM90);
+const _: () = assert!(RowSmem::new(64, 128).bytes * 2 <= SMEM_LIMIT_SM90);
 // 16-byte alignment of every region (vector loads and stores).
 const _: () = {
     let l = RowSmem::new(16, 64);
@@ -107,8 +116,9 @@ mod tests {
                 assert!(offs.windows(2).all(|p| p[0] < p[1]), "{h}x{d}: {l:?}");
                 assert!(offs.iter().all(|o| o.is_multiple_of(16)), "{h}x{d}: {l:?}");
                 assert!(l.bytes <= SMEM_LIMIT_SM90);
-                // q region holds exactly heads rows of padded dim.
+                // q region holds exactly heads rows of padded dim; two K buffers.
                 assert_eq!(l.k - l.q, h * (d + ROW_PAD) * 2);
+                assert_eq!(l.ds - l.k, 2 * RowSmem::k_bytes(d));
             }
         }
     }

@@ -118,11 +118,65 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
             .arg("-o")
             .arg(&out),
     )?;
+    let ptx = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
+    let ptx = add_launch_bounds(&ptx, &kernels_gpu::params::LAUNCH_BOUNDS)?;
+    std::fs::write(&out, ptx).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Writes `.maxntid T, 1, 1` and `.minnctapersm N` after the parameter list
+/// of each named kernel (between `)` and `{`, where PTX puts performance
+/// directives). A named kernel missing from the PTX is an error.
+pub fn add_launch_bounds(ptx: &str, bounds: &[(&str, u32, u32)]) -> Result<String, String> {
+    let mut out = String::with_capacity(ptx.len() + 64 * bounds.len());
+    let mut pending: Option<(u32, u32)> = None;
+    let mut found = 0;
+    for line in ptx.lines() {
+        out.push_str(line);
+        out.push('\n');
+        if let Some(name) = line
+            .split(".entry ")
+            .nth(1)
+            .and_then(|r| r.split('(').next())
+        {
+            pending = bounds.iter().find(|b| b.0 == name).map(|b| (b.1, b.2));
+        } else if line.starts_with(')') {
+            // `)` may carry a trailing `// @name` comment from llc.
+            if let Some((threads, ctas)) = pending.take() {
+                out.push_str(&format!(".maxntid {threads}, 1, 1\n.minnctapersm {ctas}\n"));
+                found += 1;
+            }
+        }
+    }
+    if found != bounds.len() {
+        return Err(format!(
+            "launch bounds: {found} of {} kernels found in the PTX",
+            bounds.len()
+        ));
+    }
+    Ok(out)
 }
 
 fn is_bitcode(p: &Path) -> bool {
     std::fs::read(p)
         .map(|b| b.starts_with(b"BC\xc0\xde"))
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_bounds_go_between_parameters_and_body() {
+        let ptx =
+            ".visible .entry k1(\n\t.param .u64 p\n)\n{\n\tret;\n}\n.visible .entry k2(\n)\n{\n}\n";
+        let out = add_launch_bounds(ptx, &[("k1", 256, 2)]).unwrap();
+        assert!(
+            out.contains(")\n.maxntid 256, 1, 1\n.minnctapersm 2\n{\n\tret;"),
+            "{out}"
+        );
+        assert_eq!(out.matches(".maxntid").count(), 1);
+        assert!(add_launch_bounds(ptx, &[("k3", 128, 1)]).is_err());
+    }
 }

@@ -5,6 +5,7 @@
 //! Kernels call these wrappers and never write PTX themselves.
 
 pub mod bulk;
+pub mod cp_async;
 pub mod cvt;
 pub mod global;
 pub mod mbarrier;

@@ -1,0 +1,40 @@
+//! `cp.async` (sm_80+): asynchronous 16-byte global -> shared copies,
+//! tracked per thread by cp.async groups.
+
+use super::smem::SmemAddr;
+use core::arch::asm;
+
+/// `cp.async.cg.shared.global [dst], [src], 16, src_bytes`: copies
+/// `src_bytes` (16 or 0) bytes and zero-fills the rest of the 16.
+///
+/// # Safety
+/// `dst` must be a 16-byte aligned shared address no other thread touches
+/// until this thread's [`wait_all`] and a following barrier; `src` must be a
+/// 16-byte aligned global address valid for `src_bytes` bytes (any valid
+/// global address when `src_bytes == 0`).
+#[inline(always)]
+pub unsafe fn copy_16(dst: SmemAddr, src: *const u8, src_bytes: u32) {
+    // SAFETY: the caller guarantees the addresses.
+    unsafe {
+        asm!(
+            "cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+            d = in(reg32) dst.0, s = in(reg64) src, n = in(reg32) src_bytes,
+            options(nostack),
+        )
+    }
+}
+
+/// `cp.async.commit_group`: closes this thread's pending copies into a group.
+#[inline(always)]
+pub fn commit_group() {
+    // SAFETY: no operands.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) }
+}
+
+/// `cp.async.wait_all`: waits for all of this thread's copies (they are then
+/// visible to this thread; a barrier makes them visible to the CTA).
+#[inline(always)]
+pub fn wait_all() {
+    // SAFETY: no operands; a wait.
+    unsafe { asm!("cp.async.wait_all;", options(nostack)) }
+}
