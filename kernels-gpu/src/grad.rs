@@ -13,7 +13,7 @@
 
 use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE};
 use crate::ptx::smem::{self, SmemAddr};
-use crate::ptx::{bulk, cp_async, cvt, mma, sreg, sync};
+use crate::ptx::{bulk, cp_async, cvt, ldmatrix, mma, sreg, sync};
 use crate::tiles::{
     RowSmem, CHUNK, DK_PAD, GRAD_THREADS, GRAD_WARPS, MMA_K, MMA_M, MMA_N, ROW_PAD,
 };
@@ -112,17 +112,34 @@ fn at(tile: SmemAddr, cols: u32, r: u32, col: u32) -> SmemAddr {
     tile.add((r * (cols + ROW_PAD) + col) * 2)
 }
 
-/// Two bf16 of one column and consecutive rows `r`, `r+1`, packed with row
-/// `r` in the low half (the "col" operand layout of `mma.sync`).
+/// "col" B operands of `NQ` consecutive 8-column n-tiles starting at column
+/// `col0` of `tile`, for reduction rows `row` (this lane's ldmatrix row:
+/// `k0 + lj + (li & 1) * 8`): one transposed `ldmatrix` covers both
+/// n-tiles when `NQ == 2`.
 ///
 /// # Safety
-/// Both elements must lie inside the tile.
+/// Full warp; rows `k0..k0 + 16` and columns `col0..col0 + 8 * NQ` inside
+/// the tile.
 #[inline(always)]
-unsafe fn ld_col_pair(tile: SmemAddr, cols: u32, r: u32, col: u32) -> u32 {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        smem::ld_u16(at(tile, cols, r, col)) | (smem::ld_u16(at(tile, cols, r + 1, col)) << 16)
+unsafe fn col_operand<const NQ: usize>(
+    tile: SmemAddr,
+    cols: u32,
+    row: u32,
+    col0: u32,
+    li: u32,
+) -> [[u32; 2]; NQ] {
+    let mut b = [[0u32; 2]; NQ];
+    if NQ == 2 {
+        // Matrices (k0, col0), (k0 + 8, col0), (k0, col0 + 8), (k0 + 8, col0 + 8).
+        // SAFETY: forwarded.
+        let r = unsafe { ldmatrix::x4_trans(at(tile, cols, row, col0 + (li >> 1) * 8)) };
+        b[0] = [r[0], r[1]];
+        b[NQ - 1] = [r[2], r[3]];
+    } else {
+        // SAFETY: forwarded.
+        b[0] = unsafe { ldmatrix::x2_trans(at(tile, cols, row, col0)) };
     }
+    b
 }
 
 /// The kernel body for `H` heads and head dimension `D`; `MT = H / 16`
@@ -153,6 +170,8 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
     let lane = tid % 32;
     let g = lane / 4;
     let c = 2 * (lane % 4);
+    // ldmatrix addressing: lane gives row `lj` of 8x8 matrix `li`.
+    let (li, lj) = (lane / 8, lane % 8);
     let row = sreg::block_idx_x();
     let b = row / p.seq_q.max(1); // seq_q >= 1 (host-checked); max avoids a panic path
     let topk = p.topk as usize;
@@ -308,24 +327,21 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         let (sgs, srows) = (sgs.add(4 * cur * CHUNK), srows.add(4 * cur * CHUNK));
 
         // ---- MMA: S = Q K^T, this warp's 8 slots, all heads ----
+        // Fragments come from `ldmatrix`: lane `l` addresses row `lj` of
+        // 8x8 matrix `li` (see `ptx::ldmatrix` and the layouts in `ptx::mma`).
         let mut s = [[0.0f32; 4]; MT];
         let n0 = warp * MMA_N;
         for ks in 0..sync::opaque_u32(d_u / MMA_K) {
             let k0 = ks * MMA_K;
-            // SAFETY: indices stay inside the q and K tiles; full warp.
+            // SAFETY: every address is a 16-byte aligned row inside the q or
+            // K tile (row < 64 or H, column + 8 <= D); full warp.
             unsafe {
-                let bf = [
-                    smem::ld_u32(at(skc, d_u, n0 + g, k0 + c)),
-                    smem::ld_u32(at(skc, d_u, n0 + g, k0 + c + 8)),
-                ];
+                // B[k][n] = K[n0 + n][k0 + k]: matrices (n0, k0), (n0, k0 + 8).
+                let bf = ldmatrix::x2(at(skc, d_u, n0 + lj, k0 + (li & 1) * 8));
                 for (mt, acc) in s.iter_mut().enumerate() {
                     let h0 = mt as u32 * MMA_M;
-                    let af = [
-                        smem::ld_u32(at(sq, d_u, h0 + g, k0 + c)),
-                        smem::ld_u32(at(sq, d_u, h0 + g + 8, k0 + c)),
-                        smem::ld_u32(at(sq, d_u, h0 + g, k0 + c + 8)),
-                        smem::ld_u32(at(sq, d_u, h0 + g + 8, k0 + c + 8)),
-                    ];
+                    // A = q rows h0..h0+16: matrices (h0, k0), (h0+8, k0), (h0, k0+8), (h0+8, k0+8).
+                    let af = ldmatrix::x4(at(sq, d_u, h0 + lj + (li & 1) * 8, k0 + (li >> 1) * 8));
                     mma::mma_bf16_16816(acc, af, bf);
                 }
             }
@@ -365,23 +381,18 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         // ---- MMA: dQ += dS K (this warp's D columns, all heads) ----
         for ks in 0..sync::opaque_u32(CHUNK / MMA_K) {
             let k0 = ks * MMA_K;
-            // SAFETY: indices stay inside the dS and K tiles; full warp.
+            // SAFETY: every address is a 16-byte aligned row inside the dS or
+            // K tile; full warp.
             unsafe {
-                for nq in 0..NQ {
-                    let col = dbase + nq as u32 * MMA_N + g;
-                    let bf = [
-                        ld_col_pair(skc, d_u, k0 + c, col),
-                        ld_col_pair(skc, d_u, k0 + c + 8, col),
-                    ];
-                    for (mt, acc) in acc_q.iter_mut().enumerate() {
-                        let h0 = mt as u32 * MMA_M;
-                        let af = [
-                            smem::ld_u32(at(sds, CHUNK, h0 + g, k0 + c)),
-                            smem::ld_u32(at(sds, CHUNK, h0 + g + 8, k0 + c)),
-                            smem::ld_u32(at(sds, CHUNK, h0 + g, k0 + c + 8)),
-                            smem::ld_u32(at(sds, CHUNK, h0 + g + 8, k0 + c + 8)),
-                        ];
-                        mma::mma_bf16_16816(&mut acc[nq], af, bf);
+                // B[k][n] = K[k0 + k][dbase + n], transposed loads: matrices
+                // (k0, d), (k0 + 8, d) for each of this warp's n-tiles d.
+                let bf = col_operand::<NQ>(skc, d_u, k0 + lj + (li & 1) * 8, dbase, li);
+                for (mt, acc) in acc_q.iter_mut().enumerate() {
+                    let h0 = mt as u32 * MMA_M;
+                    let af =
+                        ldmatrix::x4(at(sds, CHUNK, h0 + lj + (li & 1) * 8, k0 + (li >> 1) * 8));
+                    for nq in 0..NQ {
+                        mma::mma_bf16_16816(&mut acc[nq], af, bf[nq]);
                     }
                 }
             }
@@ -392,25 +403,21 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         let mut kacc = [[[0.0f32; 4]; NQ]; SLOT_TILES];
         for ks in 0..sync::opaque_u32(h_u / MMA_K) {
             let k0 = ks * MMA_K;
-            // SAFETY: indices stay inside the dS and q tiles; full warp.
+            // SAFETY: every address is a 16-byte aligned row inside the dS or
+            // q tile; full warp.
             unsafe {
-                let mut bf = [[0u32; 2]; NQ];
-                for (nq, b) in bf.iter_mut().enumerate() {
-                    let col = dbase + nq as u32 * MMA_N + g;
-                    *b = [
-                        ld_col_pair(sq, d_u, k0 + c, col),
-                        ld_col_pair(sq, d_u, k0 + c + 8, col),
-                    ];
-                }
+                // B[k][n] = q[k0 + k][dbase + n], transposed loads.
+                let bf = col_operand::<NQ>(sq, d_u, k0 + lj + (li & 1) * 8, dbase, li);
                 for (mt, acc) in kacc.iter_mut().enumerate() {
-                    // A[slot][h] = dS[h][slot]: consecutive heads are rows of dS.
+                    // A[slot][h] = dS[h][slot], transposed loads: matrices
+                    // (k0, s0), (k0, s0 + 8), (k0 + 8, s0), (k0 + 8, s0 + 8) of dS.
                     let s0 = mt as u32 * MMA_M;
-                    let af = [
-                        ld_col_pair(sds, CHUNK, k0 + c, s0 + g),
-                        ld_col_pair(sds, CHUNK, k0 + c, s0 + g + 8),
-                        ld_col_pair(sds, CHUNK, k0 + c + 8, s0 + g),
-                        ld_col_pair(sds, CHUNK, k0 + c + 8, s0 + g + 8),
-                    ];
+                    let af = ldmatrix::x4_trans(at(
+                        sds,
+                        CHUNK,
+                        k0 + lj + (li >> 1) * 8,
+                        s0 + (li & 1) * 8,
+                    ));
                     for nq in 0..NQ {
                         mma::mma_bf16_16816(&mut acc[nq], af, bf[nq]);
                     }
