@@ -112,6 +112,10 @@ pub const CEIL_SCATTER_BULK: &str = "ceil_scatter_bulk";
 pub const CEIL_GATHER: &str = "ceil_gather_bf16";
 /// See [`CEIL_MMA`].
 pub const CEIL_COPY: &str = "ceil_copy";
+/// Threads per CTA of the bulk scatter ceiling (each stages one row).
+pub const CEIL_BULK_THREADS: u32 = 64;
+/// Dynamic shared memory of the bulk scatter ceiling.
+pub const CEIL_BULK_SMEM_BYTES: u32 = CEIL_BULK_THREADS * CEIL_ROW * 4;
 /// Independent MMA chains per warp in the MMA ceiling kernel.
 pub const CEIL_MMA_CHAINS: u32 = 8;
 

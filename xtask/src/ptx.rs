@@ -248,14 +248,20 @@ pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str) -> Result<Vec<KernelReport
         return Err(format!("ptxas reported no kernels for {arch}:\n{err}"));
     }
     println!(
-        "ptxas {arch}: {:<32} {:>5} {:>6} {:>6} {:>6} {:>7}",
-        "kernel", "regs", "stack", "spillS", "spillL", "smem"
+        "ptxas {arch}: {:<32} {:>5} {:>6} {:>6} {:>6} {:>7} {:>9}",
+        "kernel", "regs", "stack", "spillS", "spillL", "smem", "dyn_smem"
     );
     let mut bad = Vec::new();
     for r in &reports {
         println!(
-            "ptxas {arch}: {:<32} {:>5} {:>6} {:>6} {:>6} {:>7}",
-            r.name, r.registers, r.stack_frame, r.spill_stores, r.spill_loads, r.smem
+            "ptxas {arch}: {:<32} {:>5} {:>6} {:>6} {:>6} {:>7} {:>9}",
+            r.name,
+            r.registers,
+            r.stack_frame,
+            r.spill_stores,
+            r.spill_loads,
+            r.smem,
+            dynamic_smem(&r.name)
         );
         if r.spill_stores + r.spill_loads > 0 || r.stack_frame > 0 {
             bad.push(r.name.clone());
@@ -271,6 +277,25 @@ pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str) -> Result<Vec<KernelReport
         ));
     }
     Ok(reports)
+}
+
+/// Dynamic shared memory the host requests at launch (ptxas only sees the
+/// static part), from the constants the host uses; "-" where none.
+fn dynamic_smem(kernel: &str) -> String {
+    use kernels_gpu::params::{
+        grad_kernel_name, SMOKE_KERNEL, SMOKE_SMEM_BYTES, SUPPORTED_DIMS, SUPPORTED_HEADS,
+    };
+    if kernel == SMOKE_KERNEL {
+        return SMOKE_SMEM_BYTES.to_string();
+    }
+    for h in SUPPORTED_HEADS {
+        for d in SUPPORTED_DIMS {
+            if grad_kernel_name(h, d) == Some(kernel) {
+                return kernels_gpu::tiles::RowSmem::new(h, d).bytes.to_string();
+            }
+        }
+    }
+    "-".into()
 }
 
 fn numbers(s: &str) -> Vec<u32> {

@@ -132,9 +132,8 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
         let red = f(CEIL_SCATTER_RED);
         let t_red = time_kernel(ctx, stream, runs, || launch(&red, sms * 8, 256, 0, &p));
         let bulk = f(CEIL_SCATTER_BULK);
-        let bt = 64u32;
         let t_bulk = time_kernel(ctx, stream, runs, || {
-            launch(&bulk, sms * 8, bt, bt * CEIL_ROW * 4, &p)
+            launch(&bulk, sms * 8, CEIL_BULK_THREADS, CEIL_BULK_SMEM_BYTES, &p)
         });
         let gat = f(CEIL_GATHER);
         let mut chk = stream.alloc_zeros::<u32>((sms * 8 * 256) as usize).unwrap();
