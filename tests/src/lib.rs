@@ -220,6 +220,25 @@ impl Problem {
         }
     }
 
+    /// SPEC's "ragged" ids: row s sees keys `0..min(s/2 + 1, S_k)` of its
+    /// batch (as ids of the plan's convention); the remaining slots are -1.
+    pub fn make_ragged(&mut self) {
+        let s = self.shape;
+        for r in 0..s.rows() {
+            let (b, row) = (r / s.seq_q, r % s.seq_q);
+            let n = (row / 2 + 1).min(s.seq_k);
+            for t in 0..s.topk {
+                let i = r * s.topk + t;
+                self.valid[i] = t < n;
+                self.ids[i] = match (t < n, self.opts.key_ids) {
+                    (false, _) => -1,
+                    (true, KeyIds::Local) => t as i32,
+                    (true, KeyIds::Global) => (b * s.seq_k + t) as i32,
+                };
+            }
+        }
+    }
+
     /// Host view of the inputs.
     pub fn host(&self) -> HostInputs<'_> {
         HostInputs {

@@ -218,107 +218,54 @@ fn rejected_calls_leave_every_buffer_untouched() {
         },
         &d,
     );
-    {
-        // d_weights given as f32 to a plan that writes bf16.
-        let mut dw32 = stream.alloc_zeros::<f32>(shape.w_len()).unwrap();
-        let DeviceProblem {
-            q,
-            w,
-            k,
-            attn,
-            score,
-            ids,
-            grad_loss,
-            dq,
-            dk_bf16,
-            ws,
-            ..
-        } = &mut d;
-        let inputs = Inputs {
-            index_q: q.as_view(),
-            weights: w.as_view(),
-            index_k: k.as_view(),
-            index_score: score.as_view(),
-            topk_indices: ids.as_view(),
-            grad_loss: grad_loss.as_view(),
-        };
-        let mut outputs = Outputs {
-            attn_score: attn.as_view_mut(),
-            d_index_q: dq.as_view_mut(),
-            d_weights: GradOut::F32(dw32.as_view_mut()),
-            d_index_k: GradOut::Bf16(dk_bf16.as_view_mut()),
-            workspace: Some(ws.as_view_mut()),
-        };
-        let r = plan.execute(&stream, &inputs, &mut outputs, 1.0);
-        check(
-            "d_weights dtype",
-            r,
-            &|e| {
-                matches!(
-                    e,
-                    Error::Dtype {
-                        tensor: "d_weights",
-                        ..
-                    }
-                )
-            },
-            &d,
-        );
-    }
-    {
-        // attn_score aliasing index_score (same device memory).
+    // d_weights given as f32 to a plan that writes bf16.
+    let mut dw32 = stream.alloc_zeros::<f32>(shape.w_len()).unwrap();
+    let dw32_view = dw32.as_view_mut();
+    let r = run_with(&plan, &stream, &mut d, move |_, o| {
+        o.d_weights = GradOut::F32(dw32_view)
+    });
+    check(
+        "d_weights dtype",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Dtype {
+                    tensor: "d_weights",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    // attn_score aliasing index_score (same device memory).
+    let (sp, guard) = {
         use cudarc::driver::DevicePtr;
-        let (sp, _g) = d.score.device_ptr(&stream);
-        // SAFETY: the alias covers exactly the index_score allocation and is
-        // leaked below, so it is never freed twice.
-        let mut alias: CudaSlice<f32> = unsafe { stream.upgrade_device_ptr(sp, shape.slots()) };
-        drop(_g);
-        let DeviceProblem {
-            q,
-            w,
-            k,
-            score,
-            ids,
-            grad_loss,
-            dq,
-            dw_bf16,
-            dk_bf16,
-            ws,
-            ..
-        } = &mut d;
-        let inputs = Inputs {
-            index_q: q.as_view(),
-            weights: w.as_view(),
-            index_k: k.as_view(),
-            index_score: score.as_view(),
-            topk_indices: ids.as_view(),
-            grad_loss: grad_loss.as_view(),
-        };
-        let mut outputs = Outputs {
-            attn_score: alias.as_view_mut(),
-            d_index_q: dq.as_view_mut(),
-            d_weights: GradOut::Bf16(dw_bf16.as_view_mut()),
-            d_index_k: GradOut::Bf16(dk_bf16.as_view_mut()),
-            workspace: Some(ws.as_view_mut()),
-        };
-        let r = plan.execute(&stream, &inputs, &mut outputs, 1.0);
-        let _ = outputs; // ends the borrow of `alias`
-        alias.leak();
-        check(
-            "attn_score overlaps index_score",
-            r,
-            &|e| {
-                matches!(
-                    e,
-                    Error::Overlap {
-                        output: "attn_score",
-                        other: "index_score"
-                    }
-                )
-            },
-            &d,
-        );
-    }
+        d.score.device_ptr(&stream)
+    };
+    drop(guard);
+    // SAFETY: the alias covers exactly the index_score allocation and is
+    // leaked below, so it is never freed twice.
+    let mut alias: CudaSlice<f32> = unsafe { stream.upgrade_device_ptr(sp, shape.slots()) };
+    let alias_view = alias.as_view_mut();
+    let r = run_with(&plan, &stream, &mut d, move |_, o| {
+        o.attn_score = alias_view
+    });
+    alias.leak();
+    check(
+        "attn_score overlaps index_score",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Overlap {
+                    output: "attn_score",
+                    other: "index_score"
+                }
+            )
+        },
+        &d,
+    );
     // And the same buffers then work.
     d.execute(&plan, &stream, p.loss_coeff).unwrap();
     let out = d.download(&stream, &opts);
@@ -352,15 +299,7 @@ fn realistic_shapes_are_accurate_and_deterministic() {
         };
         let mut p = Problem::random(&mut rng, shape, opts, g);
         if ragged {
-            // Row s sees the first min(s/2 + 1, S_k) keys; the rest is -1.
-            for s in 0..shape.seq_q {
-                let n = (s / 2 + 1).min(shape.seq_k);
-                for t in 0..topk {
-                    let i = s * topk + t;
-                    p.valid[i] = t < n;
-                    p.ids[i] = if t < n { t as i32 } else { -1 };
-                }
-            }
+            p.make_ragged();
         }
         let a = run_gpu(&ctx, &p);
         let e = check_against_reference(&p, &a);

@@ -67,31 +67,12 @@ fn test(require_gpu: bool) -> Result<(), String> {
     util::cargo(&root, &["fmt", "--all", "--check"], &[])?;
     util::cargo(&root, &["fmt", "--manifest-path", km, "--check"], &[])?;
     util::step("cargo clippy -D warnings");
-    util::cargo(
-        &root,
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-        &[],
-    )?;
-    util::cargo(
-        &root,
-        &[
-            "clippy",
-            "--manifest-path",
-            km,
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-        &[],
-    )?;
+    for target in [&["--workspace"][..], &["--manifest-path", km][..]] {
+        let mut a = vec!["clippy"];
+        a.extend_from_slice(target);
+        a.extend_from_slice(&["--all-targets", "--", "-D", "warnings"]);
+        util::cargo(&root, &a, &[])?;
+    }
     util::step("cargo test");
     let env: Vec<(&str, &str)> = if require_gpu {
         vec![("INDEXER_REQUIRE_GPU", "1")]

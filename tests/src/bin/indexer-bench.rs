@@ -258,13 +258,7 @@ fn main() {
             };
             let mut p = Problem::random(&mut rng, shape, Options::default(), g);
             let ids: &'static str = if ids == "ragged" {
-                // Row s sees the first min(s/2 + 1, S_k) keys; the rest is -1.
-                for s in 0..seq_q {
-                    let n = (s / 2 + 1).min(seq_k);
-                    for t in 0..topk {
-                        p.ids[s * topk + t] = if t < n { t as i32 } else { -1 };
-                    }
-                }
+                p.make_ragged();
                 "ragged"
             } else {
                 "uniform"
@@ -325,40 +319,7 @@ fn main() {
     }
     eprintln!();
 
-    println!(
-        "{:>5} {:>7} {:>4} {:>9} {:>9} {:>9} | {:>8} {:>9} {:>7} | {:>7} {:>9} {:>10} {:>8}",
-        "topk",
-        "ids",
-        "dK",
-        "median_us",
-        "min_us",
-        "p90_us",
-        "zero_us",
-        "grads_us",
-        "cast_us",
-        "TFLOP/s",
-        "dK_GB/s",
-        "bound",
-        "of_bound"
-    );
-    for p in &points {
-        println!(
-            "{:>5} {:>7} {:>4} {:>9.1} {:>9.1} {:>9.1} | {:>8.1} {:>9.1} {:>7.1} | {:>7.1} {:>9.0} {:>10} {:>7.0}%",
-            p.topk,
-            p.ids,
-            if p.dk == GradDtype::F32 { "f32" } else { "bf16" },
-            p.median_us,
-            p.min_us,
-            p.p90_us,
-            p.stages.zeroing_us,
-            p.stages.gradients_us,
-            p.stages.cast_us,
-            p.tflops,
-            p.scatter_gbs,
-            p.binding,
-            100.0 * p.bound_us / p.median_us
-        );
-    }
+    print!("{}", markdown(&points, &gpu_name, &ceil));
     let mut json = format!("{ceil_line}\n");
     for p in &points {
         let _ = writeln!(json, "{}", point_json(p));
