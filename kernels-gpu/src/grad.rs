@@ -150,8 +150,20 @@ unsafe fn col_operand<const NQ: usize>(
 /// `B * S_q`), `RowSmem::new(H, D).bytes` of dynamic shared memory, and a
 /// `GradParams` whose pointers and sizes the host has validated.
 #[inline(always)]
-unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>(p: &GradParams) {
+unsafe fn rows<
+    const H: usize,
+    const D: usize,
+    const MT: usize,
+    const NQ: usize,
+    const SHG: usize,
+    const SMT: usize,
+>(
+    p: &GradParams,
+) {
     const { assert!(MT * MMA_M as usize == H && NQ * (MMA_N * GRAD_WARPS) as usize == D) };
+    // S tiling: SHG head groups x (GRAD_WARPS / SHG) slot groups; a warp owns
+    // SMT m-tiles of heads and SHG n-tiles of 8 slots.
+    const { assert!(SMT * SHG == MT && (GRAD_WARPS as usize).is_multiple_of(SHG)) };
     let (h_u, d_u) = (H as u32, D as u32);
     let l = RowSmem::new(h_u, d_u);
     let base = smem::base();
@@ -238,7 +250,9 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
     };
 
     let mut acc_q = [[[0.0f32; 4]; NQ]; MT];
-    let mut dw = [[0.0f32; 2]; MT];
+    let mut dw = [[0.0f32; 2]; SMT];
+    let h_base = (warp as usize % SHG * SMT) as u32 * MMA_M; // this warp's first head in S
+    let s_base = (warp as usize / SHG * SHG) as u32 * MMA_N; // and first slot
     let dbase = warp * (d_u / GRAD_WARPS); // this warp's D columns for dQ and dK
     let dk = p.dk_accum as *mut f32;
 
@@ -326,53 +340,62 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         let skc = sk.add(cur * RowSmem::k_bytes(d_u));
         let (sgs, srows) = (sgs.add(4 * cur * CHUNK), srows.add(4 * cur * CHUNK));
 
-        // ---- MMA: S = Q K^T, this warp's 8 slots, all heads ----
+        // ---- MMA: S = Q K^T, this warp's SMT*16 heads x SHG*8 slots ----
         // Fragments come from `ldmatrix`: lane `l` addresses row `lj` of
         // 8x8 matrix `li` (see `ptx::ldmatrix` and the layouts in `ptx::mma`).
-        let mut s = [[0.0f32; 4]; MT];
-        let n0 = warp * MMA_N;
+        // The 2D warp tiling reads each q row by GRAD_WARPS / SHG warps
+        // instead of all of them (shared-memory traffic is the limit here).
+        let mut s = [[[0.0f32; 4]; SHG]; SMT];
         for ks in 0..sync::opaque_u32(d_u / MMA_K) {
             let k0 = ks * MMA_K;
             // SAFETY: every address is a 16-byte aligned row inside the q or
             // K tile (row < 64 or H, column + 8 <= D); full warp.
             unsafe {
                 // B[k][n] = K[n0 + n][k0 + k]: matrices (n0, k0), (n0, k0 + 8).
-                let bf = ldmatrix::x2(at(skc, d_u, n0 + lj, k0 + (li & 1) * 8));
+                let mut bf = [[0u32; 2]; SHG];
+                for (nt, b) in bf.iter_mut().enumerate() {
+                    let n0 = s_base + nt as u32 * MMA_N;
+                    *b = ldmatrix::x2(at(skc, d_u, n0 + lj, k0 + (li & 1) * 8));
+                }
                 for (mt, acc) in s.iter_mut().enumerate() {
-                    let h0 = mt as u32 * MMA_M;
+                    let h0 = h_base + mt as u32 * MMA_M;
                     // A = q rows h0..h0+16: matrices (h0, k0), (h0+8, k0), (h0, k0+8), (h0+8, k0+8).
                     let af = ldmatrix::x4(at(sq, d_u, h0 + lj + (li & 1) * 8, k0 + (li >> 1) * 8));
-                    mma::mma_bf16_16816(acc, af, bf);
+                    for nt in 0..SHG {
+                        mma::mma_bf16_16816(&mut acc[nt], af, bf[nt]);
+                    }
                 }
             }
         }
 
         // ---- epilogue: gate, dS (bf16, shared), d_weights partials ----
-        let tl = n0 + c;
         // SAFETY: `sgs`, `srows`, `sw` were written before a barrier; each
         // thread stores its own two dS columns of its own head rows.
         unsafe {
-            let gs = [
-                smem::ld_f32(sgs.add(4 * tl)),
-                smem::ld_f32(sgs.add(4 * (tl + 1))),
-            ];
-            let valid = [
-                (smem::ld_u32(srows.add(4 * tl)) as i32) >= 0,
-                (smem::ld_u32(srows.add(4 * (tl + 1))) as i32) >= 0,
-            ];
-            for mt in 0..MT {
-                for half in 0..2 {
-                    let h = mt as u32 * MMA_M + g + 8 * half as u32;
-                    let wh = smem::ld_f32(sw.add(4 * h));
-                    let mut ds = [0.0f32; 2];
-                    for j in 0..2 {
-                        let sv = s[mt][2 * half + j] * sm_scale;
-                        if valid[j] && sv > 0.0 {
-                            ds[j] = gs[j] * wh;
-                            dw[mt][half] += gs[j] * sv;
+            for nt in 0..SHG {
+                let tl = s_base + nt as u32 * MMA_N + c;
+                let gs = [
+                    smem::ld_f32(sgs.add(4 * tl)),
+                    smem::ld_f32(sgs.add(4 * (tl + 1))),
+                ];
+                let valid = [
+                    (smem::ld_u32(srows.add(4 * tl)) as i32) >= 0,
+                    (smem::ld_u32(srows.add(4 * (tl + 1))) as i32) >= 0,
+                ];
+                for mt in 0..SMT {
+                    for half in 0..2 {
+                        let h = h_base + mt as u32 * MMA_M + g + 8 * half as u32;
+                        let wh = smem::ld_f32(sw.add(4 * h));
+                        let mut ds = [0.0f32; 2];
+                        for j in 0..2 {
+                            let sv = s[mt][nt][2 * half + j] * sm_scale;
+                            if valid[j] && sv > 0.0 {
+                                ds[j] = gs[j] * wh;
+                                dw[mt][half] += gs[j] * sv;
+                            }
                         }
+                        smem::st_u32(at(sds, CHUNK, h, tl), cvt::pack_bf16x2(ds[0], ds[1]));
                     }
-                    smem::st_u32(at(sds, CHUNK, h, tl), cvt::pack_bf16x2(ds[0], ds[1]));
                 }
             }
             sync::bar_sync();
@@ -490,7 +513,7 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         // All shuffles first, at the top level of the warp's control flow,
         // then one lane-conditional block of stores: keeps every lane on the
         // same shfl.sync instructions.
-        let mut quad = [[0.0f32; 2]; MT];
+        let mut quad = [[0.0f32; 2]; SMT];
         for (q, pair) in quad.iter_mut().zip(dw.iter()) {
             for (qv, &v) in q.iter_mut().zip(pair.iter()) {
                 *qv = sync::quad_sum_f32(v);
@@ -499,7 +522,7 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         if lane % 4 == 0 {
             for (mt, q) in quad.iter().enumerate() {
                 for (half, &v) in q.iter().enumerate() {
-                    let h = mt as u32 * MMA_M + g + 8 * half as u32;
+                    let h = h_base + mt as u32 * MMA_M + g + 8 * half as u32;
                     smem::st_f32(sred.add(4 * (warp * h_u + h)), v);
                 }
             }
@@ -507,8 +530,12 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
         sync::bar_sync();
         let mut h = tid;
         while h < h_u {
+            // Head h's partials come from the warps of its head group, one per
+            // slot group, summed in slot-group order.
+            let hg = h / (h_u / SHG as u32);
             let mut sum = 0.0f32;
-            for w in 0..GRAD_WARPS {
+            for sg in 0..GRAD_WARPS / SHG as u32 {
+                let w = sg * SHG as u32 + hg;
                 sum += smem::ld_f32(sred.add(4 * (w * h_u + h)));
             }
             let idx = row as usize * H + h as usize;
@@ -522,6 +549,16 @@ unsafe fn rows<const H: usize, const D: usize, const MT: usize, const NQ: usize>
     }
 }
 
+/// Head groups of the S warp tiling: 2 where each group still holds whole
+/// 16-head m-tiles (H >= 32), else 1.
+const fn s_head_groups(heads: usize) -> usize {
+    if heads >= 32 {
+        2
+    } else {
+        1
+    }
+}
+
 macro_rules! row_kernel {
     ($name:ident, $h:literal, $d:literal) => {
         /// Row kernel entry for this heads x dim; see [`rows`] for the launch contract.
@@ -531,7 +568,16 @@ macro_rules! row_kernel {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: GradParams) {
             // SAFETY: forwarded launch contract.
-            unsafe { rows::<$h, $d, { $h / 16 }, { $d / 64 }>(&p) }
+            unsafe {
+                rows::<
+                    $h,
+                    $d,
+                    { $h / 16 },
+                    { $d / 64 },
+                    { s_head_groups($h) },
+                    { $h / 16 / s_head_groups($h) },
+                >(&p)
+            }
         }
     };
 }
