@@ -119,6 +119,27 @@ pub const CEIL_BULK_SMEM_BYTES: u32 = CEIL_BULK_THREADS * CEIL_ROW * 4;
 /// Independent MMA chains per warp in the MMA ceiling kernel.
 pub const CEIL_MMA_CHAINS: u32 = 8;
 
+/// Parameters of the sm_100a tcgen05 smoke kernel (compiled and assembled
+/// for sm_100a, not executed): `out = a * b^T` for a 128 x 16 bf16 `a` and a
+/// 64 x 16 bf16 `b` (both row-major), f32 `out` 128 x 64; when `tmap` is
+/// non-zero, `b`'s rows are fetched with a TMA gather4 through that tensor
+/// map instead.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sm100SmokeParams {
+    /// bf16 128 x 16.
+    pub a: u64,
+    /// bf16 64 x 16.
+    pub b: u64,
+    /// f32 128 x 64.
+    pub out: u64,
+    /// Optional `CUtensorMap` (global memory) of `b` with box 16 x 1.
+    pub tmap: u64,
+}
+
+/// Name of the sm_100a smoke kernel (only in the sm_100a PTX).
+pub const SM100_SMOKE_KERNEL: &str = "sm100_tcgen05_smoke";
+
 /// Threads per CTA of the smoke kernel.
 pub const SMOKE_THREADS: u32 = 128;
 /// Dynamic shared memory of the smoke kernel: one mbarrier (8 bytes, padded

@@ -14,3 +14,5 @@ pub mod mma;
 pub mod smem;
 pub mod sreg;
 pub mod sync;
+pub mod tcgen05;
+pub mod tma;

@@ -1,0 +1,43 @@
+//! Tensor Memory Accelerator loads completing on mbarriers.
+
+use super::smem::SmemAddr;
+use core::arch::asm;
+
+/// `mbarrier.arrive.expect_tx.shared::cta.b64`: one arrival that also
+/// expects `bytes` more transaction bytes in the current phase.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier of this CTA whose phase still expects
+/// an arrival from the caller.
+#[inline(always)]
+pub unsafe fn arrive_expect_tx(bar: SmemAddr, bytes: u32) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{b}], {n};",
+             b = in(reg32) bar.0, n = in(reg32) bytes, options(nostack))
+    }
+}
+
+/// `cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes`
+/// (sm_100a): four rows `rows` of a 2D tensor map, starting at column `col`,
+/// land contiguously at `dst`; out-of-bounds rows are zero-filled. The bytes
+/// count toward `bar`'s transaction count. **Compiled for sm_100a, not
+/// executed.**
+///
+/// # Safety
+/// `tmap` points to a valid 64-byte aligned `CUtensorMap` (box height 1) in
+/// global memory written before the launch; `dst` is shared memory of the
+/// box size x 4, aligned as the map's swizzle requires; `bar` expects the
+/// bytes ([`arrive_expect_tx`]).
+#[inline(always)]
+pub unsafe fn gather4(dst: SmemAddr, tmap: *const u8, col: i32, rows: [i32; 4], bar: SmemAddr) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes [{d}], [{m}, {{{c}, {r0}, {r1}, {r2}, {r3}}}], [{b}];",
+            d = in(reg32) dst.0, m = in(reg64) tmap, c = in(reg32) col,
+            r0 = in(reg32) rows[0], r1 = in(reg32) rows[1], r2 = in(reg32) rows[2], r3 = in(reg32) rows[3],
+            b = in(reg32) bar.0, options(nostack),
+        )
+    }
+}
