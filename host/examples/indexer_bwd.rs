@@ -42,6 +42,18 @@ fn rel(got: impl Iterator<Item = f64>, want: &[f64]) -> f64 {
     }
 }
 
+/// Prints the relative Frobenius error of each output and the largest.
+fn report(label: &str, e: &[f64; 4]) {
+    println!(
+        "{label}: grad_signal {:.2e} d_index_q {:.2e} d_weights {:.2e} d_index_k {:.2e}; max {:.2e}",
+        e[0],
+        e[1],
+        e[2],
+        e[3],
+        e.iter().cloned().fold(0.0, f64::max)
+    );
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let shape = Shape {
@@ -116,11 +128,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         cpu::execute(&shape, &opts, &host, out)?;
         println!("cpu execute: {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
-        println!("rel error (output rounding only): grad_signal {:.2e} d_index_q {:.2e} d_weights {:.2e} d_index_k {:.2e}",
+        let errs = [
             rel(gs.iter().map(|&x| x as f64), &reference.grad_signal),
             rel(dq.iter().map(|x| x.to_f64()), &reference.d_index_q),
             rel(dw.iter().map(|x| x.to_f64()), &reference.d_weights),
-            rel(dk.iter().map(|&x| x as f64), &reference.d_index_k));
+            rel(dk.iter().map(|&x| x as f64), &reference.d_index_k),
+        ];
+        report("rel error vs f64 reference (output rounding only)", &errs);
         return Ok(());
     }
 
@@ -181,10 +195,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dw = stream.clone_dtoh(&d_dw)?;
     let dk = stream.clone_dtoh(&d_dk)?;
     println!("gpu execute: median {:.1} us, min {:.1} us over {iters} runs (CPU f64 reference took {ref_ms:.0} ms)", times[times.len() / 2], times[0]);
-    println!("rel error vs f64 reference: grad_signal {:.2e} d_index_q {:.2e} d_weights {:.2e} d_index_k {:.2e}",
+    let errs = [
         rel(gs.iter().map(|&x| x as f64), &reference.grad_signal),
         rel(dq.iter().map(|x| x.to_f64()), &reference.d_index_q),
         rel(dw.iter().map(|x| x.to_f64()), &reference.d_weights),
-        rel(dk.iter().map(|&x| x as f64), &reference.d_index_k));
+        rel(dk.iter().map(|&x| x as f64), &reference.d_index_k),
+    ];
+    report("rel error vs f64 reference", &errs);
     Ok(())
 }

@@ -4,8 +4,9 @@
 //! Everything here that can be checked without the GPU is plain Rust that
 //! also builds for the host and is unit-tested there: descriptor encodings
 //! ([`desc`]), tensor-memory and shared-memory budgets ([`budget`]), the
-//! persistent scheduler's arithmetic ([`sched`]) and TMA gather4 row
-//! coordinates ([`gather`]). The device-only smoke kernel in `smoke`
+//! persistent scheduler's arithmetic ([`sched`]), TMA gather4 row
+//! coordinates ([`gather`]) and tensor-map geometry and swizzled tile
+//! offsets ([`tmap`]). The device-only smoke kernel in `smoke`
 //! exercises the tcgen05 wrappers of `crate::ptx::tcgen05` so that ptxas
 //! checks them in every CI run.
 
@@ -13,6 +14,7 @@ pub mod budget;
 pub mod desc;
 pub mod gather;
 pub mod sched;
+pub mod tmap;
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
 mod smoke;

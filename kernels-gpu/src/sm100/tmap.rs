@@ -1,0 +1,98 @@
+//! Tensor-map geometry for the sm_100a path's TMA loads, as plain Rust the
+//! host turns into `cuTensorMapEncodeTiled` arguments, plus the shared-memory
+//! image that TMA's 128-byte swizzle produces (which is the canonical
+//! K-major `Swizzle::B128` operand layout of `tcgen05.mma`).
+//! **Not executed** (no sm_100 GPU).
+
+/// Bytes of one swizzle row (the 128-byte swizzle span).
+pub const SWIZZLE_BYTES: u32 = 128;
+/// Rows of one swizzle atom (8 rows x 128 bytes = 1024 bytes).
+pub const ATOM_ROWS: u32 = 8;
+
+/// Geometry of a 2D bf16 tensor map over a row-major `(rows, cols)` matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Map2d {
+    /// `globalDim` (innermost first): `[cols, rows]`.
+    pub dims: [u64; 2],
+    /// `globalStrides` in bytes for dimension 1 (dimension 0 is implicit).
+    pub row_stride: u64,
+    /// `boxDim` (innermost first).
+    pub box_dims: [u32; 2],
+}
+
+/// Why a map cannot be encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapError {
+    /// The row pitch is not a multiple of 16 bytes.
+    RowPitch,
+    /// The box's inner extent exceeds the 128-byte swizzle span.
+    BoxTooWide,
+    /// A box extent is 0 or above 256.
+    BoxExtent,
+}
+
+/// Gather4 map over `index_k` viewed as `(B*S_k, D)` bf16: one box is one
+/// row of `inner` columns (64 for the 128-byte swizzle), so a `gather4`
+/// brings four rows x `inner` columns and D = 128 takes two per 4 rows.
+pub fn gather_map(key_rows: u64, dim: u32, inner: u32) -> Result<Map2d, MapError> {
+    let pitch = dim as u64 * 2;
+    if !pitch.is_multiple_of(16) {
+        return Err(MapError::RowPitch);
+    }
+    if inner == 0 || inner > 256 {
+        return Err(MapError::BoxExtent);
+    }
+    if inner * 2 > SWIZZLE_BYTES {
+        return Err(MapError::BoxTooWide);
+    }
+    Ok(Map2d {
+        dims: [dim as u64, key_rows],
+        row_stride: pitch,
+        box_dims: [inner, 1],
+    })
+}
+
+/// Byte offset of bf16 element `(row, col)` (col < 64) inside a tile that
+/// TMA wrote with the 128-byte swizzle: rows are 128 bytes apart and the
+/// 16-byte chunk index is XORed with `row % 8`.
+pub const fn swizzle128_offset(row: u32, col: u32) -> u32 {
+    let byte = col * 2;
+    let chunk = (byte / 16) ^ (row % ATOM_ROWS);
+    row * SWIZZLE_BYTES + chunk * 16 + byte % 16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gather_map_geometry() {
+        let m = gather_map(4096, 128, 64).unwrap();
+        assert_eq!(m.dims, [128, 4096]);
+        assert_eq!(m.row_stride, 256);
+        assert_eq!(m.box_dims, [64, 1]);
+        assert_eq!(gather_map(10, 128, 128), Err(MapError::BoxTooWide));
+        assert_eq!(gather_map(10, 4, 4), Err(MapError::RowPitch));
+        assert_eq!(gather_map(10, 128, 0), Err(MapError::BoxExtent));
+    }
+
+    #[test]
+    fn swizzle128_is_a_permutation_within_each_row_and_atom() {
+        for row in 0..16u32 {
+            let mut seen = [false; 64];
+            for col in 0..64u32 {
+                let off = swizzle128_offset(row, col);
+                assert_eq!(off / SWIZZLE_BYTES, row, "stays in its 128-byte row");
+                let slot = ((off % SWIZZLE_BYTES) / 2) as usize;
+                assert!(!seen[slot]);
+                seen[slot] = true;
+            }
+        }
+        // Row 0 is unswizzled; row 1 swaps neighbouring 16-byte chunks.
+        assert_eq!(swizzle128_offset(0, 8), 16);
+        assert_eq!(swizzle128_offset(1, 0), 128 + 16);
+        assert_eq!(swizzle128_offset(1, 8), 128);
+        // Eight consecutive columns stay contiguous (one 16-byte chunk).
+        assert_eq!(swizzle128_offset(5, 15) - swizzle128_offset(5, 8), 14);
+    }
+}
