@@ -30,3 +30,9 @@ pub use gpu::cuda_device_count;
 pub use half::bf16;
 pub use plan::{GradOut, Inputs, Outputs, Plan, StageEvents, StageTimes};
 pub use shape::{GradDtype, KeyIds, Options, ScoreKind, Shape};
+
+/// The README's code blocks, compiled as doctests so the API example there
+/// cannot drift from the API.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
