@@ -25,15 +25,3 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
 pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
-
-/// Low bf16 of a bf16x2 word as f32.
-#[inline(always)]
-pub fn lo_bf16_to_f32(w: u32) -> f32 {
-    f32::from_bits(w << 16)
-}
-
-/// High bf16 of a bf16x2 word as f32.
-#[inline(always)]
-pub fn hi_bf16_to_f32(w: u32) -> f32 {
-    f32::from_bits(w & 0xffff_0000)
-}

@@ -46,21 +46,6 @@ pub unsafe fn ld_u32(a: SmemAddr) -> u32 {
     r
 }
 
-/// `ld.shared.b16`, zero-extended.
-///
-/// # Safety
-/// `a` must be 2-byte aligned and inside the launch's dynamic shared memory.
-#[inline(always)]
-pub unsafe fn ld_u16(a: SmemAddr) -> u32 {
-    let r: u16;
-    // SAFETY: the caller guarantees an aligned in-bounds address.
-    unsafe {
-        asm!("ld.shared.b16 {r}, [{a}];", r = out(reg16) r, a = in(reg32) a.0,
-             options(pure, readonly, nostack))
-    }
-    r as u32
-}
-
 /// `ld.shared.f32`.
 ///
 /// # Safety
@@ -92,21 +77,6 @@ pub unsafe fn st_u32(a: SmemAddr, v: u32) {
 pub unsafe fn st_f32(a: SmemAddr, v: f32) {
     // SAFETY: forwarded.
     unsafe { st_u32(a, v.to_bits()) }
-}
-
-/// `st.shared.v4.b32`: 16 bytes.
-///
-/// # Safety
-/// `a` must be 16-byte aligned and inside the launch's dynamic shared memory,
-/// and no other thread may access those bytes concurrently.
-#[inline(always)]
-pub unsafe fn st_v4(a: SmemAddr, v: [u32; 4]) {
-    // SAFETY: the caller guarantees an aligned in-bounds, unshared address.
-    unsafe {
-        asm!("st.shared.v4.b32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) a.0,
-             x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
-             options(nostack))
-    }
 }
 
 /// `st.shared.v2.f32`: 8 bytes.
