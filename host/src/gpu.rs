@@ -71,6 +71,54 @@ pub unsafe fn launch<P>(
     Ok(())
 }
 
+/// Launches `f` like [`launch`], as a programmatic dependent of the
+/// previous work on `stream` (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`):
+/// the kernel may start before that work finishes and must execute
+/// `griddepcontrol.wait` before reading anything it produces.
+///
+/// # Safety
+/// As [`launch`]; in addition the kernel must call `griddepcontrol.wait`
+/// before its first access to memory written by earlier work on the stream.
+pub unsafe fn launch_pdl<P>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    grid: u32,
+    block: u32,
+    smem: u32,
+    params: &P,
+) -> Result<()> {
+    let mut args = [params as *const P as *mut c_void];
+    // SAFETY: plain-data union; every byte is initialised by `zeroed`
+    // before the one field the driver reads for this attribute id is set.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: forwarded from the caller; `config`, `attr` and `args` outlive
+    // the call (the driver copies them at launch).
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()?;
+    }
+    Ok(())
+}
+
 /// Zeroes `bytes` bytes at `ptr` on `stream` (graph-capturable memset).
 ///
 /// # Safety

@@ -8,6 +8,7 @@ pub mod bulk;
 pub mod cp_async;
 pub mod cvt;
 pub mod global;
+pub mod griddep;
 pub mod ldmatrix;
 pub mod mbarrier;
 pub mod mma;
