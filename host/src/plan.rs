@@ -12,6 +12,7 @@ use kernels_gpu::params::{
     grad_kernel_name, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC, FLAG_DW_F32,
     FLAG_LOCAL_IDS, FLAG_LOG_SCORE,
 };
+use kernels_gpu::sm90;
 use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
 use std::sync::Arc;
 
@@ -70,9 +71,13 @@ pub struct Plan {
     shape: Shape,
     opts: Options,
     ctx: Arc<CudaContext>,
+    /// The gradient kernel: one CTA per query row.
     row_fn: CudaFunction,
     cast_fn: CudaFunction,
-    smem: RowSmem,
+    /// Threads per CTA of `row_fn`.
+    threads: u32,
+    /// Dynamic shared memory of `row_fn` (limit raised in `new`).
+    smem_bytes: u32,
 }
 
 /// One tensor argument as the checks see it.
@@ -100,9 +105,21 @@ impl Plan {
                 value: shape.heads * shape.head_dim,
                 expected: "heads in {16, 32, 64, 128} and head_dim in {64, 128}",
             })?;
-        let row_fn = module.load_function(name)?;
-        let smem = RowSmem::new(shape.heads as u32, shape.head_dim as u32);
-        gpu::set_dynamic_smem(&row_fn, smem.bytes)?;
+        // H = 64, D = 128 on Hopper: the wgmma kernel (sm_90a PTX only);
+        // everything else: the mma.sync row kernel of the shape.
+        let (major, _) = ctx.compute_capability()?;
+        let wg = major == 9 && (shape.heads, shape.head_dim) == (64, 128);
+        let (row_fn, threads, smem_bytes) = if wg {
+            (
+                module.load_function(sm90::WG_KERNEL)?,
+                sm90::THREADS,
+                sm90::SMEM.bytes,
+            )
+        } else {
+            let smem = RowSmem::new(shape.heads as u32, shape.head_dim as u32);
+            (module.load_function(name)?, GRAD_THREADS, smem.bytes)
+        };
+        gpu::set_dynamic_smem(&row_fn, smem_bytes)?;
         let cast_fn = module.load_function(CAST_KERNEL)?;
         Ok(Plan {
             shape,
@@ -110,7 +127,8 @@ impl Plan {
             ctx: ctx.clone(),
             row_fn,
             cast_fn,
-            smem,
+            threads,
+            smem_bytes,
         })
     }
 
@@ -411,8 +429,8 @@ impl Plan {
         };
         // SAFETY: every pointer was checked above for context, length,
         // alignment and aliasing against the plan's shape; the launch shape
-        // is the row kernel's contract (one CTA per row, GRAD_THREADS,
-        // RowSmem bytes, limit raised in `new`).
+        // is the row kernel's contract (one CTA per row, `threads`,
+        // `smem_bytes`, limit raised in `new`).
         let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
         mark(events.map(|e| &e.start))?;
         unsafe {
@@ -422,8 +440,8 @@ impl Plan {
                 stream,
                 &self.row_fn,
                 s.rows() as u32,
-                GRAD_THREADS,
-                self.smem.bytes,
+                self.threads,
+                self.smem_bytes,
                 &p,
             )?;
             mark(events.map(|e| &e.gradients))?;

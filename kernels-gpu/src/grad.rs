@@ -70,7 +70,7 @@ fn pow2(k: i32) -> f32 {
 /// Stage 1 terms of one slot: `(g_t, predict_t)` with
 /// `g_t = -max(target, CLIP) * [predict >= CLIP] * c`.
 #[inline(always)]
-fn score_terms(target: f32, score: f32, log: bool, c: f32) -> (f32, f32) {
+pub(crate) fn score_terms(target: f32, score: f32, log: bool, c: f32) -> (f32, f32) {
     let (predict, keep) = if log {
         (expf(score), score >= -100.0)
     } else {
@@ -88,7 +88,7 @@ fn score_terms(target: f32, score: f32, log: bool, c: f32) -> (f32, f32) {
 /// `index_k`, or -1 for padding (negative or out of range; a local id never
 /// aliases another batch). The host guarantees `B*S_k <= i32::MAX`.
 #[inline(always)]
-fn resolve(id: i32, b: u32, p: &GradParams) -> i32 {
+pub(crate) fn resolve(id: i32, b: u32, p: &GradParams) -> i32 {
     if id < 0 {
         return -1;
     }

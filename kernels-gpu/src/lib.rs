@@ -19,6 +19,7 @@ extern crate std;
 
 pub mod params;
 pub mod sm100;
+pub mod sm90;
 pub mod tiles;
 
 #[cfg(target_arch = "nvptx64")]

@@ -194,6 +194,11 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 8] = [
     ("indexer_bwd_rows_h128_d128", 256, 1),
 ];
 
+/// Launch bounds of kernels that exist only in the sm_90a PTX (the wgmma
+/// row kernel: two CTAs per SM, so at most 128 registers per thread).
+pub const SM90_LAUNCH_BOUNDS: [(&str, u32, u32); 1] =
+    [(crate::sm90::WG_KERNEL, crate::sm90::THREADS, 2)];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -122,8 +122,12 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
     // The occupancy targets were tuned and measured on sm_90a; elsewhere
     // (sm_100a, not executed) ask for one CTA per SM so ptxas keeps its
     // register freedom (with two, the H=64 D=128 kernel spills there).
-    let bounds = kernels_gpu::params::LAUNCH_BOUNDS
-        .map(|(n, t, c)| (n, t, if cpu == "sm_90a" { c } else { 1 }));
+    let mut bounds: Vec<_> = kernels_gpu::params::LAUNCH_BOUNDS
+        .map(|(n, t, c)| (n, t, if cpu == "sm_90a" { c } else { 1 }))
+        .to_vec();
+    if cpu == "sm_90a" {
+        bounds.extend(kernels_gpu::params::SM90_LAUNCH_BOUNDS);
+    }
     let ptx = add_launch_bounds(&ptx, &bounds)?;
     std::fs::write(&out, ptx).map_err(|e| e.to_string())?;
     Ok(())

@@ -288,6 +288,9 @@ fn dynamic_smem(kernel: &str) -> String {
     if kernel == SMOKE_KERNEL {
         return SMOKE_SMEM_BYTES.to_string();
     }
+    if kernel == kernels_gpu::sm90::WG_KERNEL {
+        return kernels_gpu::sm90::SMEM.bytes.to_string();
+    }
     for h in SUPPORTED_HEADS {
         for d in SUPPORTED_DIMS {
             if grad_kernel_name(h, d) == Some(kernel) {

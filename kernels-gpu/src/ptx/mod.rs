@@ -17,3 +17,4 @@ pub mod sreg;
 pub mod sync;
 pub mod tcgen05;
 pub mod tma;
+pub mod wgmma;

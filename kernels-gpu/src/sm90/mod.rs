@@ -1,0 +1,204 @@
+//! Hopper (sm_90a) warpgroup-MMA row kernel: tile constants, the shared
+//! memory layout, the 128-byte swizzle and the `wgmma` matrix descriptors,
+//! as plain Rust that the host tests and the device kernel share.
+//!
+//! The kernel (`wg`, device only) handles one query row per CTA like the
+//! `mma.sync` row kernel, but runs S = q K^T, dQ += dS K and dK = dS^T q on
+//! `wgmma` with both operands read by the tensor cores straight from
+//! 128-byte-swizzled shared memory: one read per warpgroup instead of one
+//! per warp, which was the measured limit of the `mma.sync` kernel.
+//!
+//! Every operand tile is stored as "swizzle blocks": 1024-byte aligned
+//! groups of rows of 128 bytes (64 bf16), the 16-byte chunk index of row
+//! `r` XORed with `r % 8`. The same bytes serve as a K-major operand (rows
+//! along M/N, 64 elements of K per row) and as an MN-major one (rows along
+//! K, 64 elements of M/N per row), so no tile is ever transposed:
+//! - `q`: blocks of `HEADS` rows (a head each) x 64 of D; two blocks for D = 128.
+//! - K chunk: blocks of `CHUNK` rows (a slot each) x 64 of D; two per buffer.
+//! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
+
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod wg;
+
+/// PTX entry name of the wgmma row kernel (sm_90a PTX only).
+pub const WG_KERNEL: &str = "indexer_bwd_wg_h64_d128";
+
+/// Heads of the wgmma kernel (the M = 64 of one warpgroup MMA).
+pub const HEADS: u32 = 64;
+/// Head dimension of the wgmma kernel.
+pub const DIM: u32 = 128;
+/// Slots per chunk (the N of S, the K of dQ, the M of dK).
+pub const CHUNK: u32 = 64;
+/// Threads per CTA: two warpgroups.
+pub const THREADS: u32 = 256;
+/// Warpgroups per CTA.
+pub const WARPGROUPS: u32 = THREADS / 128;
+/// Bytes per swizzled row (64 bf16).
+pub const ROW_BYTES: u32 = 128;
+/// bf16 elements per swizzled row.
+pub const ROW_ELEMS: u32 = ROW_BYTES / 2;
+/// Bytes of one group of eight swizzled rows (the swizzle's repeat).
+pub const ATOM_BYTES: u32 = 8 * ROW_BYTES;
+/// Reduction depth of one `wgmma` (bf16).
+pub const MMA_K: u32 = 16;
+/// Padding (f32 elements) of each staged dK row: keeps rows 16-byte
+/// aligned for the bulk reduction, and with a row stride of 8 banks mod 32
+/// the eight rows one half-warp writes with 64-bit stores hit distinct banks.
+pub const DK_PAD: u32 = 8;
+/// Bytes reserved to align the start of dynamic shared memory to 1024.
+pub const ALIGN_SLACK: u32 = 1024;
+
+/// Bytes of the `q` tile.
+pub const Q_BYTES: u32 = HEADS * DIM * 2;
+/// Bytes of one K chunk buffer.
+pub const K_BYTES: u32 = CHUNK * DIM * 2;
+/// Bytes of one column block (64 of D) of a K chunk buffer.
+pub const K_BLOCK: u32 = CHUNK * ROW_BYTES;
+/// Bytes of one column block (64 of D) of the q tile.
+pub const Q_BLOCK: u32 = HEADS * ROW_BYTES;
+/// Bytes of the dS tile.
+pub const DS_BYTES: u32 = HEADS * CHUNK * 2;
+/// Bytes per staged dK row.
+pub const DK_STRIDE: u32 = (DIM + DK_PAD) * 4;
+
+/// Byte offsets of the kernel's shared-memory regions, relative to the
+/// 1024-byte aligned base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgSmem {
+    /// q tile (swizzle blocks).
+    pub q: u32,
+    /// Two K chunk buffers, [`K_BYTES`] apart.
+    pub k: u32,
+    /// dS tile.
+    pub ds: u32,
+    /// dK staging, `CHUNK` rows of [`DK_STRIDE`] bytes.
+    pub dk: u32,
+    /// grad_signal of the slots, two buffers of `CHUNK` f32.
+    pub gs: u32,
+    /// Resolved key rows (-1 padding), two buffers of `CHUNK` i32.
+    pub rows: u32,
+    /// weights as f32, `HEADS` values.
+    pub w: u32,
+    /// Cross-warp partial sums, `THREADS / 32 * HEADS` f32.
+    pub red: u32,
+    /// Bytes used after the aligned base.
+    pub used: u32,
+    /// Dynamic shared memory to request (used + alignment slack).
+    pub bytes: u32,
+}
+
+/// The layout (all tiles 1024-byte aligned).
+pub const SMEM: WgSmem = {
+    let q = 0;
+    let k = q + Q_BYTES;
+    let ds = k + 2 * K_BYTES;
+    let dk = ds + DS_BYTES;
+    let gs = dk + CHUNK * DK_STRIDE;
+    let rows = gs + 2 * CHUNK * 4;
+    let w = rows + 2 * CHUNK * 4;
+    let red = w + HEADS * 4;
+    let used = red + THREADS / 32 * HEADS * 4;
+    WgSmem {
+        q,
+        k,
+        ds,
+        dk,
+        gs,
+        rows,
+        w,
+        red,
+        used,
+        bytes: used + ALIGN_SLACK,
+    }
+};
+
+/// Byte offset, inside a swizzle block, of byte `col_byte` (< 128) of row
+/// `row`: the 16-byte chunk index is XORed with `row % 8` (the pattern the
+/// tensor cores apply to 1024-byte aligned blocks in 128-byte swizzle mode).
+pub const fn swizzle(row: u32, col_byte: u32) -> u32 {
+    row * ROW_BYTES + ((((col_byte / 16) ^ (row % 8)) * 16) | (col_byte % 16))
+}
+
+/// Shared-memory matrix descriptor of a 128-byte-swizzled operand
+/// (PTX ISA, wgmma "Matrix Descriptor Format"): bits 0-13 start address,
+/// 16-29 leading-dimension byte offset, 32-45 stride-dimension byte offset
+/// (each `(x & 0x3FFFF) >> 4`), 49-51 base offset (0: blocks are 1024-byte
+/// aligned), 62-63 swizzle mode (1 = 128 bytes).
+///
+/// K-major operand (rows along M/N): `sbo` = [`ATOM_BYTES`] between groups
+/// of eight rows, `lbo` unused by the hardware for swizzled K-major tiles;
+/// stepping K by 16 inside a row moves `start` by 32 bytes. MN-major operand
+/// (rows along K): `lbo` = bytes between 64-element blocks along M/N, `sbo`
+/// = bytes between groups of eight K rows.
+pub const fn desc(start: u32, lbo: u32, sbo: u32) -> u64 {
+    ((start as u64 & 0x3FFFF) >> 4)
+        | (((lbo as u64 & 0x3FFFF) >> 4) << 16)
+        | (((sbo as u64 & 0x3FFFF) >> 4) << 32)
+        | (1u64 << 62)
+}
+
+/// Shared memory one H100/H200 CTA may use (227 KiB).
+const SMEM_LIMIT: u32 = 227 * 1024;
+
+// Two CTAs per SM (launch bounds) must fit.
+const _: () = assert!(2 * SMEM.bytes <= SMEM_LIMIT);
+// Operand tiles start on swizzle-pattern boundaries.
+const _: () = {
+    assert!(SMEM.q.is_multiple_of(1024) && SMEM.k.is_multiple_of(1024));
+    assert!(SMEM.ds.is_multiple_of(1024) && K_BYTES.is_multiple_of(1024));
+    assert!(K_BLOCK.is_multiple_of(1024) && Q_BLOCK.is_multiple_of(1024));
+    assert!(SMEM.dk.is_multiple_of(16) && DK_STRIDE.is_multiple_of(16));
+};
+// One warpgroup MMA covers all heads (M = 64); the S tile of a chunk is
+// split into one 32-slot half per warpgroup; dQ and dK into 64-column
+// halves of D; the dS tile is one swizzled row (64 slots) per head.
+const _: () = assert!(HEADS == 64 && CHUNK == 64 && DIM == 128 && WARPGROUPS == 2);
+const _: () = assert!(CHUNK / WARPGROUPS == 32 && DIM / WARPGROUPS == ROW_ELEMS);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swizzle_is_a_permutation_of_each_block_and_matches_the_xor_rule() {
+        let mut seen = [false; ATOM_BYTES as usize];
+        for row in 0..8 {
+            for chunk in 0..8 {
+                let o = swizzle(row, chunk * 16 + 4);
+                assert_eq!(o % 16, 4);
+                assert_eq!(o / ROW_BYTES, row, "stays in its row");
+                assert_eq!((o % ROW_BYTES) / 16, chunk ^ row);
+                seen[(o - 4) as usize] = true;
+            }
+        }
+        assert_eq!(seen.iter().filter(|&&s| s).count(), 64);
+        // Rows 8.. repeat the pattern of rows 0..8 one block further on.
+        assert_eq!(swizzle(11, 37), ATOM_BYTES + swizzle(3, 37));
+    }
+
+    #[test]
+    fn descriptor_fields_sit_where_the_isa_puts_them() {
+        let d = desc(0x1_2340, 8192, 1024);
+        assert_eq!(d & 0x3FFF, 0x1234, "start >> 4 in bits 0-13");
+        assert_eq!((d >> 16) & 0x3FFF, 8192 >> 4, "lbo >> 4 in bits 16-29");
+        assert_eq!((d >> 32) & 0x3FFF, 1024 >> 4, "sbo >> 4 in bits 32-45");
+        assert_eq!((d >> 49) & 0x7, 0, "base offset");
+        assert_eq!(d >> 62, 1, "128-byte swizzle");
+        // Reserved bits stay clear.
+        assert_eq!(d & (0x3 << 14 | 0x3 << 30 | 0xFFFF << 46 & !(0x3 << 62)), 0);
+        // Start addresses wrap at 2^18 like the ISA's encode function.
+        assert_eq!(desc(0x4_0010, 0, 0) & 0x3FFF, 1);
+    }
+
+    #[test]
+    fn layout_is_ordered_aligned_and_fits_two_ctas() {
+        let l = SMEM;
+        let offs = [l.q, l.k, l.ds, l.dk, l.gs, l.rows, l.w, l.red, l.used];
+        assert!(offs.windows(2).all(|p| p[0] < p[1]), "{l:?}");
+        assert!(offs.iter().all(|o| o.is_multiple_of(16)), "{l:?}");
+        assert_eq!(l.k - l.q, HEADS * DIM * 2);
+        assert_eq!(l.ds - l.k, 2 * CHUNK * DIM * 2);
+        assert_eq!(l.bytes, l.used + 1024);
+        assert!(2 * l.bytes <= SMEM_LIMIT);
+    }
+}

@@ -1,0 +1,385 @@
+//! The warpgroup-MMA row kernel (sm_90a, H = 64, D = 128): one CTA of two
+//! warpgroups per query row, stage 1 fused, K rows of the next 64-slot chunk
+//! gathered by `cp.async` while the current one is computed, the three
+//! products on `wgmma` from 128-byte-swizzled shared memory (layout and
+//! descriptors in [`super`]), dK staged in shared memory and added with
+//! bulk reductions.
+//!
+//! Work split per chunk: warpgroup `wg` computes S for slots
+//! `32 wg .. 32 wg + 32` (all 64 heads), then dQ and dK for the D columns
+//! `64 wg .. 64 wg + 64`. Every sum feeding d_index_q, d_weights and
+//! grad_signal runs in a fixed order, so those outputs are bitwise
+//! reproducible; only d_index_k is accumulated by reductions.
+
+use super::{
+    desc, swizzle, ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, Q_BLOCK, ROW_BYTES,
+    SMEM, THREADS,
+};
+use crate::grad::{resolve, score_terms};
+use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOG_SCORE};
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::{bulk, cp_async, cvt, sreg, sync, wgmma};
+
+const WARPS: u32 = THREADS / 32;
+/// 16-byte vectors per bf16 row of D.
+const VECS: u32 = DIM / 8;
+
+/// The kernel body.
+///
+/// # Safety
+/// Launched with [`THREADS`] threads, one CTA per query row (grid
+/// `B * S_q`), `SMEM.bytes` of dynamic shared memory, `H = 64`, `D = 128`,
+/// and a `GradParams` whose pointers and sizes the host has validated.
+#[inline(always)]
+unsafe fn row_body(p: &GradParams) {
+    const H: usize = HEADS as usize;
+    const D: usize = DIM as usize;
+    let l = SMEM;
+    // The tensor cores apply the swizzle to absolute address bits: align the
+    // tiles to 1024 bytes whatever the driver's base alignment is.
+    let base = SmemAddr((smem::base().0 + 1023) & !1023);
+    let (sq, sk, sds, sdk) = (base.add(l.q), base.add(l.k), base.add(l.ds), base.add(l.dk));
+    let (sgs0, srows0, sw, sred) = (
+        base.add(l.gs),
+        base.add(l.rows),
+        base.add(l.w),
+        base.add(l.red),
+    );
+
+    let tid = sreg::thread_idx_x();
+    let warp = tid / 32;
+    let lane = tid % 32;
+    let wg = tid / 128; // warpgroup
+    let wi = warp % 4; // warp inside the warpgroup: rows 16 wi .. 16 wi + 16
+    let g = lane / 4;
+    let c = 2 * (lane % 4);
+    let row = sreg::block_idx_x();
+    let b = row / p.seq_q.max(1); // seq_q >= 1 (host-checked); max avoids a panic path
+    let topk = p.topk as usize;
+    let log = p.flags & FLAG_LOG_SCORE != 0;
+    let sm_scale = p.sm_scale;
+    let row_slots = row as usize * topk;
+    let attn = p.attn_score as *mut f32;
+    let score = p.index_score as *const f32;
+    let ids = p.topk_indices as *const i32;
+
+    // ---- load: q row into its swizzle blocks (cp.async, waited for with
+    // chunk 0's K rows), weights as f32 ----
+    let qrow = (p.index_q as *const u8).wrapping_add(row as usize * H * D * 2);
+    let mut v = tid;
+    while v < HEADS * VECS {
+        let (h, cc) = (v / VECS, v % VECS);
+        let dst = sq.add((cc / 8) * Q_BLOCK + swizzle(h, (cc % 8) * 16));
+        // SAFETY: the row has H*D bf16, 16-byte aligned (host-checked base,
+        // D*2 a multiple of 16); the destination vector is this thread's and
+        // nobody reads it before this thread's wait_all and a barrier.
+        unsafe { cp_async::copy_16(dst, qrow.add(v as usize * 16), 16) };
+        v += THREADS;
+    }
+    let mut h = tid;
+    while h < HEADS {
+        // SAFETY: weights has B*S_q*H bf16; this thread owns slot h of `sw`.
+        unsafe {
+            let wb = *(p.weights as *const u16).add(row as usize * H + h as usize);
+            smem::st_f32(sw.add(4 * h), cvt::bf16_to_f32(wb));
+        }
+        h += THREADS;
+    }
+
+    // ---- stage 1, pass 1: G = sum_t g_t in a fixed order ----
+    // SAFETY: grad_loss is one f32 on the device (host-checked).
+    let coeff = p.coeff * unsafe { *(p.grad_loss as *const f32) };
+    let mut part = 0.0f32;
+    let mut t = tid as usize;
+    while t < topk {
+        // SAFETY: t < topk, inside this row's slots.
+        let (gt, _) = unsafe {
+            score_terms(
+                *attn.add(row_slots + t),
+                *score.add(row_slots + t),
+                log,
+                coeff,
+            )
+        };
+        part += gt;
+        t += THREADS as usize;
+    }
+    // SAFETY: every lane of every warp reaches these collectives/barriers.
+    let big_g = unsafe {
+        let wsum = sync::warp_sum_f32(part);
+        if lane == 0 {
+            smem::st_f32(sred.add(4 * warp), wsum);
+        }
+        sync::bar_sync();
+        let mut s = 0.0f32;
+        for w in 0..WARPS {
+            s += smem::ld_f32(sred.add(4 * w));
+        }
+        s
+    };
+
+    // Stage 1, pass 2 for the chunk at slot `t0` into buffer set `set`, by
+    // threads < CHUNK: grad_signal (in place over attn_score) and the
+    // resolved key row of each slot.
+    let prepare = |t0: usize, set: u32| {
+        if tid < CHUNK {
+            let t = t0 + tid as usize;
+            let (gs, r) = if t < topk {
+                // SAFETY: t < topk; this thread alone touches slot t now, and
+                // every pass-1 read finished before the barrier that made G.
+                unsafe {
+                    let (gt, pr) = score_terms(
+                        *attn.add(row_slots + t),
+                        *score.add(row_slots + t),
+                        log,
+                        coeff,
+                    );
+                    let gs = gt - pr * big_g;
+                    *attn.add(row_slots + t) = gs;
+                    (gs, resolve(*ids.add(row_slots + t), b, p))
+                }
+            } else {
+                (0.0, -1)
+            };
+            // SAFETY: slot tid of this set belongs to this thread; its
+            // previous readers passed a barrier since (see the loop).
+            unsafe {
+                smem::st_f32(sgs0.add(4 * (set * CHUNK + tid)), gs);
+                smem::st_u32(srows0.add(4 * (set * CHUNK + tid)), r as u32);
+            }
+        }
+    };
+    // Gather (cp.async, zero fill for padding) of the K rows of buffer set
+    // `set` into K buffer `set`, in swizzle blocks; one group per thread.
+    let gather = |set: u32| {
+        let kbuf = sk.add(set * K_BYTES);
+        let mut v = tid;
+        while v < CHUNK * VECS {
+            let (slot, cc) = (v / VECS, v % VECS);
+            // SAFETY: row ids were written before a barrier; a valid row is
+            // < B*S_k so the 16-byte vector lies inside index_k; padding
+            // copies 0 bytes (zero fill) from the valid base address.
+            unsafe {
+                let r = smem::ld_u32(srows0.add(4 * (set * CHUNK + slot))) as i32;
+                let (src, n) = if r >= 0 {
+                    (
+                        (p.index_k as *const u8).add((r as usize * D + cc as usize * 8) * 2),
+                        16,
+                    )
+                } else {
+                    (p.index_k as *const u8, 0)
+                };
+                let dst = kbuf.add((cc / 8) * K_BLOCK + swizzle(slot, (cc % 8) * 16));
+                cp_async::copy_16(dst, src, n);
+            }
+            v += THREADS;
+        }
+        cp_async::commit_group();
+    };
+
+    let mut acc_q = [0.0f32; 32]; // dQ, heads x this warpgroup's 64 D columns
+    let mut dw = [0.0f32; 2]; // d_weights partials of heads 16 wi + g (+ 8)
+    let dk = p.dk_accum as *mut f32;
+    let dcol0 = wg * 64; // this warpgroup's D columns for dQ and dK
+
+    // Pipeline (barriers B1..B4 per chunk, like the mma.sync kernel):
+    // prepare(c+1) | wait own copies, fence | B1 | gather(c+1) | S, gate,
+    // dS | fence, B2 | dQ, dK | B3 (staging free) | stage dK, fence | B4 |
+    // bulk reduce. K buffer / set (c+1)%2 was last read in chunk c-1 (its
+    // wgmmas completed before that chunk's B3) and is rewritten after B1.
+    let nchunks = topk.div_ceil(CHUNK as usize);
+    prepare(0, 0);
+    // SAFETY: uniform barrier (row ids of chunk 0 visible to all).
+    unsafe { sync::bar_sync() };
+    gather(0);
+    for ch in 0..nchunks {
+        let cur = (ch % 2) as u32;
+        if ch + 1 < nchunks {
+            prepare((ch + 1) * CHUNK as usize, 1 - cur);
+        }
+        cp_async::wait_all();
+        // cp.async writes are generic-proxy writes; wgmma reads through the
+        // async proxy.
+        bulk::fence_proxy_async_shared();
+        // SAFETY: uniform barrier: chunk ch's K rows (and q) complete.
+        unsafe { sync::bar_sync() };
+        if ch + 1 < nchunks {
+            gather(1 - cur);
+        }
+        let kb = sk.add(cur * K_BYTES);
+        let (sgs, srows) = (sgs0.add(4 * cur * CHUNK), srows0.add(4 * cur * CHUNK));
+
+        // ---- MMA: S = q K^T for this warpgroup's 32 slots, K over D in
+        // eight steps of 16 (32 bytes inside a swizzled row, then the next
+        // 64-column block) ----
+        let mut s = [0.0f32; 16];
+        let mut da = [0u64; 8];
+        let mut db = [0u64; 8];
+        for ks in 0..8u32 {
+            let off = (ks / 4) * Q_BLOCK + (ks % 4) * 32;
+            let koff = (ks / 4) * K_BLOCK + wg * 32 * ROW_BYTES + (ks % 4) * 32;
+            da[ks as usize] = desc(sq.0 + off, 16, ATOM_BYTES);
+            db[ks as usize] = desc(kb.0 + koff, 16, ATOM_BYTES);
+        }
+        // SAFETY: whole warpgroup; q and K tiles complete, fenced, barrier.
+        unsafe { wgmma::m64n32_kmajor_k8(&mut s, da, db) };
+
+        // ---- epilogue: gate, dS (bf16, swizzled), d_weights partials ----
+        // SAFETY: `sgs`, `srows`, `sw` were written before a barrier; each
+        // thread stores its own dS pairs (distinct (head, slot) pairs).
+        unsafe {
+            for j in 0..4u32 {
+                let tl = wg * 32 + 8 * j + c;
+                let gs = [
+                    smem::ld_f32(sgs.add(4 * tl)),
+                    smem::ld_f32(sgs.add(4 * (tl + 1))),
+                ];
+                let valid = [
+                    (smem::ld_u32(srows.add(4 * tl)) as i32) >= 0,
+                    (smem::ld_u32(srows.add(4 * (tl + 1))) as i32) >= 0,
+                ];
+                for (half, dwh) in dw.iter_mut().enumerate() {
+                    let h = 16 * wi + g + 8 * half as u32;
+                    let wh = smem::ld_f32(sw.add(4 * h));
+                    let mut ds = [0.0f32; 2];
+                    for i in 0..2 {
+                        let sv = s[(4 * j) as usize + 2 * half + i] * sm_scale;
+                        if valid[i] && sv > 0.0 {
+                            ds[i] = gs[i] * wh;
+                            *dwh += gs[i] * sv;
+                        }
+                    }
+                    smem::st_u32(sds.add(swizzle(h, tl * 2)), cvt::pack_bf16x2(ds[0], ds[1]));
+                }
+            }
+            bulk::fence_proxy_async_shared();
+            sync::bar_sync();
+        }
+
+        // ---- MMA: dQ += dS K (A = dS K-major: heads x slots; B = K chunk
+        // MN-major: slots x this warpgroup's 64 D columns) ----
+        let mut da4 = [0u64; 4];
+        let mut db4 = [0u64; 4];
+        for ks in 0..4u32 {
+            da4[ks as usize] = desc(sds.0 + ks * 32, 16, ATOM_BYTES);
+            db4[ks as usize] = desc(
+                kb.0 + wg * K_BLOCK + ks * 16 * ROW_BYTES,
+                K_BLOCK,
+                ATOM_BYTES,
+            );
+        }
+        // SAFETY: whole warpgroup; dS fenced and behind barrier B2.
+        unsafe { wgmma::m64n64_ak_bmn_k4(&mut acc_q, da4, db4) };
+
+        // ---- MMA: dK = dS^T q (A = dS MN-major: heads x slots read as
+        // slots x heads; B = q MN-major: heads x this warpgroup's D) ----
+        let mut kacc = [0.0f32; 32];
+        for ks in 0..4u32 {
+            da4[ks as usize] = desc(sds.0 + ks * 16 * ROW_BYTES, K_BLOCK, ATOM_BYTES);
+            db4[ks as usize] = desc(
+                sq.0 + wg * Q_BLOCK + ks * 16 * ROW_BYTES,
+                Q_BLOCK,
+                ATOM_BYTES,
+            );
+        }
+        // SAFETY: as above.
+        unsafe { wgmma::m64n64_amn_bmn_k4(&mut kacc, da4, db4) };
+
+        // ---- reduce: stage dK rows (f32, scaled) in shared memory, then one
+        // bulk reduction per valid slot row into the accumulator ----
+        if tid < CHUNK {
+            // This thread's bulk reduction of the previous chunk has read the tile.
+            bulk::wait_group_read_0();
+        }
+        // SAFETY: uniform barrier; each thread then writes its own fragment
+        // elements (distinct (slot, column) pairs) of the staging tile.
+        unsafe {
+            sync::bar_sync();
+            for j in 0..8u32 {
+                for half in 0..2u32 {
+                    let slot = 16 * wi + g + 8 * half;
+                    let col = dcol0 + 8 * j + c;
+                    let r = (4 * j + 2 * half) as usize;
+                    let at = sdk.add(slot * DK_STRIDE + col * 4);
+                    smem::st_v2_f32(at, kacc[r] * sm_scale, kacc[r + 1] * sm_scale);
+                }
+            }
+            bulk::fence_proxy_async_shared();
+            sync::bar_sync();
+        }
+        if tid < CHUNK {
+            // SAFETY: `srows` was written before a barrier; a valid row lies
+            // inside the (B*S_k, D) accumulator (16-byte aligned rows, host
+            // checks the base); the staged row was fenced and is not written
+            // again before this thread's next `wait_group_read_0`.
+            unsafe {
+                let r = smem::ld_u32(srows.add(4 * tid)) as i32;
+                if r >= 0 {
+                    bulk::reduce_add_f32(dk.add(r as usize * D), sdk.add(tid * DK_STRIDE), DIM * 4);
+                    bulk::commit_group();
+                }
+            }
+        }
+    }
+
+    if tid < CHUNK {
+        // Bulk reductions must finish reading shared memory (and land)
+        // before the CTA exits.
+        bulk::wait_group_0();
+    }
+
+    // ---- epilogue: d_index_q (bf16 pairs) ----
+    let dq = (p.d_index_q as *mut u32).wrapping_add(row as usize * H * D / 2);
+    for j in 0..8u32 {
+        for half in 0..2u32 {
+            let h = 16 * wi + g + 8 * half;
+            let col = dcol0 + 8 * j + c;
+            let r = (4 * j + 2 * half) as usize;
+            let w = cvt::pack_bf16x2(acc_q[r] * sm_scale, acc_q[r + 1] * sm_scale);
+            // SAFETY: (h, col) is inside this row's H x D block; col even.
+            unsafe { *dq.add((h as usize * D + col as usize) / 2) = w };
+        }
+    }
+
+    // ---- epilogue: d_weights, fixed-order reduction over lanes and the
+    // two warpgroups (slot halves) ----
+    // SAFETY: full warps run the shuffles; `sred` is free (its last readers
+    // passed several barriers); uniform barrier before the cross-warp sum.
+    unsafe {
+        let quad = [sync::quad_sum_f32(dw[0]), sync::quad_sum_f32(dw[1])];
+        if lane % 4 == 0 {
+            for (half, &v) in quad.iter().enumerate() {
+                let h = 16 * wi + g + 8 * half as u32;
+                smem::st_f32(sred.add(4 * (warp * HEADS + h)), v);
+            }
+        }
+        sync::bar_sync();
+        let mut h = tid;
+        while h < HEADS {
+            // Head h lives in warp h / 16 of each warpgroup.
+            let mut sum = 0.0f32;
+            for wgi in 0..THREADS / 128 {
+                let w = wgi * 4 + h / 16;
+                sum += smem::ld_f32(sred.add(4 * (w * HEADS + h)));
+            }
+            let idx = row as usize * H + h as usize;
+            if p.flags & FLAG_DW_F32 != 0 {
+                *(p.d_weights as *mut f32).add(idx) = sum;
+            } else {
+                *(p.d_weights as *mut u16).add(idx) = cvt::pack_bf16x2(sum, 0.0) as u16;
+            }
+            h += THREADS;
+        }
+    }
+}
+
+/// Warpgroup-MMA row kernel for H = 64, D = 128; see [`row_body`] for the
+/// launch contract.
+///
+/// # Safety
+/// As [`row_body`].
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h64_d128(p: GradParams) {
+    // SAFETY: forwarded launch contract.
+    unsafe { row_body(&p) }
+}
