@@ -63,6 +63,41 @@ unsafe fn row_body(p: &GradParams) {
     let score = p.index_score as *const f32;
     let ids = p.topk_indices as *const i32;
 
+    // Slot data of chunk `ch` for thread `tid < CHUNK` (target, score, id),
+    // `None` past topk. Loaded one chunk before it is needed so the global
+    // latency hides behind a chunk of work instead of stalling barrier B1.
+    let load_raw = |ch: usize| -> Option<(f32, f32, i32)> {
+        let t = ch * CHUNK as usize + tid as usize;
+        if tid < CHUNK && t < topk {
+            // SAFETY: t < topk, inside this row's slots; slot t is written
+            // (grad_signal) only by this thread, after this read.
+            Some(unsafe {
+                (
+                    *attn.add(row_slots + t),
+                    *score.add(row_slots + t),
+                    *ids.add(row_slots + t),
+                )
+            })
+        } else {
+            None
+        }
+    };
+    // Resolved key rows of chunk `raw` into buffer set `set` (no G needed).
+    let put_rows = |raw: Option<(f32, f32, i32)>, set: u32| {
+        if tid < CHUNK {
+            let r = raw.map_or(-1, |(_, _, id)| resolve(id, b, p));
+            // SAFETY: slot tid of this set belongs to this thread; its
+            // previous readers passed a barrier since (see the loop).
+            unsafe { smem::st_u32(srows0.add(4 * (set * CHUNK + tid)), r as u32) };
+        }
+    };
+
+    // Row ids of chunk 0 first: its K gather can start right after the
+    // barrier that also completes G (it does not depend on G).
+    let raw0 = load_raw(0);
+    put_rows(raw0, 0);
+    let mut raw_next = load_raw(1);
+
     // ---- load: q row into its swizzle blocks (cp.async, waited for with
     // chunk 0's K rows), weights as f32 ----
     let qrow = (p.index_q as *const u8).wrapping_add(row as usize * H * D * 2);
@@ -104,7 +139,8 @@ unsafe fn row_body(p: &GradParams) {
         part += gt;
         t += THREADS as usize;
     }
-    // SAFETY: every lane of every warp reaches these collectives/barriers.
+    // SAFETY: every lane of every warp reaches these collectives/barriers
+    // (the barrier also publishes chunk 0's row ids).
     let big_g = unsafe {
         let wsum = sync::warp_sum_f32(part);
         if lane == 0 {
@@ -118,35 +154,25 @@ unsafe fn row_body(p: &GradParams) {
         s
     };
 
-    // Stage 1, pass 2 for the chunk at slot `t0` into buffer set `set`, by
-    // threads < CHUNK: grad_signal (in place over attn_score) and the
-    // resolved key row of each slot.
-    let prepare = |t0: usize, set: u32| {
+    // Stage 1, pass 2 for chunk `ch` (slot data `raw`) into buffer set
+    // `set`, by threads < CHUNK: grad_signal, written in place over
+    // attn_score (every pass-1 read finished before the barrier that made
+    // G) and kept for the gate.
+    let put_gs = |raw: Option<(f32, f32, i32)>, ch: usize, set: u32| {
         if tid < CHUNK {
-            let t = t0 + tid as usize;
-            let (gs, r) = if t < topk {
-                // SAFETY: t < topk; this thread alone touches slot t now, and
-                // every pass-1 read finished before the barrier that made G.
-                unsafe {
-                    let (gt, pr) = score_terms(
-                        *attn.add(row_slots + t),
-                        *score.add(row_slots + t),
-                        log,
-                        coeff,
-                    );
+            let gs = match raw {
+                Some((target, sc, _)) => {
+                    let (gt, pr) = score_terms(target, sc, log, coeff);
                     let gs = gt - pr * big_g;
-                    *attn.add(row_slots + t) = gs;
-                    (gs, resolve(*ids.add(row_slots + t), b, p))
+                    // SAFETY: raw is Some only for t < topk; this thread
+                    // alone writes slot t.
+                    unsafe { *attn.add(row_slots + ch * CHUNK as usize + tid as usize) = gs };
+                    gs
                 }
-            } else {
-                (0.0, -1)
+                None => 0.0,
             };
-            // SAFETY: slot tid of this set belongs to this thread; its
-            // previous readers passed a barrier since (see the loop).
-            unsafe {
-                smem::st_f32(sgs0.add(4 * (set * CHUNK + tid)), gs);
-                smem::st_u32(srows0.add(4 * (set * CHUNK + tid)), r as u32);
-            }
+            // SAFETY: as in put_rows.
+            unsafe { smem::st_f32(sgs0.add(4 * (set * CHUNK + tid)), gs) };
         }
     };
     // Gather (cp.async, zero fill for padding) of the K rows of buffer set
@@ -183,19 +209,20 @@ unsafe fn row_body(p: &GradParams) {
     let dcol0 = wg * 64; // this warpgroup's D columns for dQ and dK
 
     // Pipeline (barriers B1..B4 per chunk, like the mma.sync kernel):
-    // prepare(c+1) | wait own copies, fence | B1 | gather(c+1) | S, gate,
+    // slot data of c+1 from registers, loads of c+2 issued | wait own copies, fence | B1 | gather(c+1) | S, gate,
     // dS | fence, B2 | dQ, dK | B3 (staging free) | stage dK, fence | B4 |
     // bulk reduce. K buffer / set (c+1)%2 was last read in chunk c-1 (its
     // wgmmas completed before that chunk's B3) and is rewritten after B1.
     let nchunks = topk.div_ceil(CHUNK as usize);
-    prepare(0, 0);
-    // SAFETY: uniform barrier (row ids of chunk 0 visible to all).
-    unsafe { sync::bar_sync() };
+    // Chunk 0's row ids passed the barrier inside the G reduction.
     gather(0);
+    put_gs(raw0, 0, 0);
     for ch in 0..nchunks {
         let cur = (ch % 2) as u32;
         if ch + 1 < nchunks {
-            prepare((ch + 1) * CHUNK as usize, 1 - cur);
+            put_rows(raw_next, 1 - cur);
+            put_gs(raw_next, ch + 1, 1 - cur);
+            raw_next = load_raw(ch + 2);
         }
         cp_async::wait_all();
         // cp.async writes are generic-proxy writes; wgmma reads through the
