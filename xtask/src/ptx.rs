@@ -8,7 +8,7 @@ use std::process::Command;
 
 /// One PTX file per target: (arch, PTX ISA feature for llc).
 /// sm_100a instructions need PTX ISA 8.6.
-pub const ARCHS: [(&str, &str); 2] = [("sm_90a", "+ptx80"), ("sm_100a", "+ptx86")];
+pub const ARCHS: [(&str, &str); 2] = [("sm_90a", "+ptx81"), ("sm_100a", "+ptx86")];
 
 /// `nvidia-cuda-nvcc` wheel that provides `ptxas` (pinned for reproducible checks).
 pub const PTXAS_PACKAGE: &str = "nvidia-cuda-nvcc==13.0.88";

@@ -31,3 +31,20 @@ pub unsafe fn red_add_f32(p: *mut f32, v: f32) {
         asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
     }
 }
+
+/// `red.global.add.v4.f32`: atomic adds of four consecutive f32 without a
+/// return value (PTX ISA 8.1; each element is atomic on its own).
+///
+/// # Safety
+/// `p` must be a 16-byte aligned group of four f32 in global memory, valid
+/// for writes.
+#[inline(always)]
+pub unsafe fn red_add_v4_f32(p: *mut f32, v: [f32; 4]) {
+    // SAFETY: the caller guarantees a valid, aligned global address; the
+    // reductions are atomic, so concurrent adds from other threads are fine.
+    unsafe {
+        asm!("red.global.add.v4.f32 [{p}], {{{x}, {y}, {z}, {w}}};",
+             p = in(reg64) p, x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2],
+             w = in(reg32) v[3], options(nostack))
+    }
+}

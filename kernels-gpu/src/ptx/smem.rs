@@ -92,3 +92,19 @@ pub unsafe fn st_v2_f32(a: SmemAddr, x: f32, y: f32) {
              options(nostack))
     }
 }
+
+/// `ld.shared.v4.f32`: 16 bytes.
+///
+/// # Safety
+/// `a` must be 16-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn ld_v4_f32(a: SmemAddr) -> [f32; 4] {
+    let (x, y, z, w): (f32, f32, f32, f32);
+    // SAFETY: the caller guarantees an aligned in-bounds address.
+    unsafe {
+        asm!("ld.shared.v4.f32 {{{x}, {y}, {z}, {w}}}, [{a}];",
+             x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
+             a = in(reg32) a.0, options(pure, readonly, nostack))
+    }
+    [x, y, z, w]
+}

@@ -42,7 +42,7 @@ pub const ATOM_BYTES: u32 = 8 * ROW_BYTES;
 /// Reduction depth of one `wgmma` (bf16).
 pub const MMA_K: u32 = 16;
 /// Padding (f32 elements) of each staged dK row: keeps rows 16-byte
-/// aligned for the bulk reduction, and with a row stride of 8 banks mod 32
+/// aligned for the vector loads, and with a row stride of 8 banks mod 32
 /// the eight rows one half-warp writes with 64-bit stores hit distinct banks.
 pub const DK_PAD: u32 = 8;
 /// Bytes reserved to align the start of dynamic shared memory to 1024.
@@ -77,6 +77,9 @@ pub struct WgSmem {
     pub gs: u32,
     /// Resolved key rows (-1 padding), two buffers of `CHUNK` i32.
     pub rows: u32,
+    /// Key rows of the chunk whose staged dK rows are being reduced,
+    /// `CHUNK` i32.
+    pub red_rows: u32,
     /// weights as f32, `HEADS` values.
     pub w: u32,
     /// Cross-warp partial sums, `THREADS / 32 * HEADS` f32.
@@ -95,7 +98,8 @@ pub const SMEM: WgSmem = {
     let dk = ds + DS_BYTES;
     let gs = dk + CHUNK * DK_STRIDE;
     let rows = gs + 2 * CHUNK * 4;
-    let w = rows + 2 * CHUNK * 4;
+    let red_rows = rows + 2 * CHUNK * 4;
+    let w = red_rows + CHUNK * 4;
     let red = w + HEADS * 4;
     let used = red + THREADS / 32 * HEADS * 4;
     WgSmem {
@@ -105,6 +109,7 @@ pub const SMEM: WgSmem = {
         dk,
         gs,
         rows,
+        red_rows,
         w,
         red,
         used,
@@ -193,7 +198,9 @@ mod tests {
     #[test]
     fn layout_is_ordered_aligned_and_fits_two_ctas() {
         let l = SMEM;
-        let offs = [l.q, l.k, l.ds, l.dk, l.gs, l.rows, l.w, l.red, l.used];
+        let offs = [
+            l.q, l.k, l.ds, l.dk, l.gs, l.rows, l.red_rows, l.w, l.red, l.used,
+        ];
         assert!(offs.windows(2).all(|p| p[0] < p[1]), "{l:?}");
         assert!(offs.iter().all(|o| o.is_multiple_of(16)), "{l:?}");
         assert_eq!(l.k - l.q, HEADS * DIM * 2);
