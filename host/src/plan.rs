@@ -71,9 +71,15 @@ pub struct Plan {
     shape: Shape,
     opts: Options,
     ctx: Arc<CudaContext>,
-    /// The gradient kernel: one CTA per query row.
+    /// The gradient kernel (one CTA per query row, or persistent on the
+    /// fast path).
     row_fn: CudaFunction,
     cast_fn: CudaFunction,
+    /// Fast path only: stage 1 + dK zeroing, launched before `row_fn`,
+    /// which then runs as its programmatic dependent.
+    stage1_fn: Option<CudaFunction>,
+    /// CTAs of `row_fn`.
+    grid: u32,
     /// Threads per CTA of `row_fn`.
     threads: u32,
     /// Dynamic shared memory of `row_fn` (limit raised in `new`).
@@ -105,19 +111,33 @@ impl Plan {
                 value: shape.heads * shape.head_dim,
                 expected: "heads in {16, 32, 64, 128} and head_dim in {64, 128}",
             })?;
-        // H = 64, D = 128 on Hopper: the wgmma kernel (sm_90a PTX only);
-        // everything else: the mma.sync row kernel of the shape.
+        // Hopper, H = 64, D = 128, more than one chunk per row: the fast
+        // path (stage-1 kernel, then the persistent wgmma kernel as its
+        // programmatic dependent; sm_90a PTX only). Everything else: the
+        // mma.sync row kernel of the shape after a memset.
         let (major, _) = ctx.compute_capability()?;
-        let wg = major == 9 && (shape.heads, shape.head_dim) == (64, 128);
-        let (row_fn, threads, smem_bytes) = if wg {
+        let fast = major == 9
+            && (shape.heads, shape.head_dim) == (sm90::HEADS as usize, sm90::DIM as usize)
+            && sm90::supports(shape.rows() as u64, shape.topk as u64);
+        let (row_fn, threads, smem_bytes, stage1_fn, grid) = if fast {
+            let sms =
+                ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
             (
                 module.load_function(sm90::WG_KERNEL)?,
                 sm90::THREADS,
                 sm90::SMEM.bytes,
+                Some(module.load_function(sm90::STAGE1_KERNEL)?),
+                sm90::grid(shape.rows() as u32, sms.max(1) as u32),
             )
         } else {
             let smem = RowSmem::new(shape.heads as u32, shape.head_dim as u32);
-            (module.load_function(name)?, GRAD_THREADS, smem.bytes)
+            (
+                module.load_function(name)?,
+                GRAD_THREADS,
+                smem.bytes,
+                None,
+                shape.rows() as u32,
+            )
         };
         gpu::set_dynamic_smem(&row_fn, smem_bytes)?;
         let cast_fn = module.load_function(CAST_KERNEL)?;
@@ -127,8 +147,10 @@ impl Plan {
             ctx: ctx.clone(),
             row_fn,
             cast_fn,
+            stage1_fn,
             threads,
             smem_bytes,
+            grid,
         })
     }
 
@@ -428,22 +450,44 @@ impl Plan {
             _pad: 0,
         };
         // SAFETY: every pointer was checked above for context, length,
-        // alignment and aliasing against the plan's shape; the launch shape
-        // is the row kernel's contract (one CTA per row, `threads`,
-        // `smem_bytes`, limit raised in `new`).
+        // alignment and aliasing against the plan's shape; the launch shapes
+        // are the kernels' contracts (`grid` CTAs of `threads` with
+        // `smem_bytes`, limit raised in `new`; the fast path's stage 1 with
+        // one warp per row, then the wgmma kernel, which executes
+        // griddepcontrol.wait before it reads what stage 1 writes).
         let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
         mark(events.map(|e| &e.start))?;
         unsafe {
-            gpu::memset_zero(stream, accum, s.k_len() * 4)?;
-            mark(events.map(|e| &e.zeroed))?;
-            gpu::launch(
-                stream,
-                &self.row_fn,
-                s.rows() as u32,
-                self.threads,
-                self.smem_bytes,
-                &p,
-            )?;
+            match &self.stage1_fn {
+                Some(stage1) => {
+                    // Stage 1 zeroes the accumulator and writes grad_signal;
+                    // the wgmma kernel overlaps its prologue with it (PDL).
+                    let rows = s.rows() as u32;
+                    let grid = rows.div_ceil(sm90::STAGE1_ROWS).max(1);
+                    gpu::launch(stream, stage1, grid, sm90::STAGE1_THREADS, 0, &p)?;
+                    mark(events.map(|e| &e.zeroed))?;
+                    gpu::launch_pdl(
+                        stream,
+                        &self.row_fn,
+                        self.grid,
+                        self.threads,
+                        self.smem_bytes,
+                        &p,
+                    )?;
+                }
+                None => {
+                    gpu::memset_zero(stream, accum, s.k_len() * 4)?;
+                    mark(events.map(|e| &e.zeroed))?;
+                    gpu::launch(
+                        stream,
+                        &self.row_fn,
+                        self.grid,
+                        self.threads,
+                        self.smem_bytes,
+                        &p,
+                    )?;
+                }
+            }
             mark(events.map(|e| &e.gradients))?;
             if ws_needed > 0 {
                 let c = CastParams {
@@ -465,9 +509,11 @@ impl Plan {
 pub struct StageEvents {
     /// Before zeroing the f32 dK accumulator.
     pub start: CudaEvent,
-    /// After zeroing.
+    /// After zeroing (on the Hopper fast path: after the stage-1 kernel,
+    /// which also zeroes; the event between the two launches costs their
+    /// programmatic overlap, so profiled runs are slightly slower).
     pub zeroed: CudaEvent,
-    /// After the row kernel (score gradient + gradients).
+    /// After the gradient kernel.
     pub gradients: CudaEvent,
     /// After the bf16 cast (when there is one).
     pub end: CudaEvent,

@@ -11,15 +11,20 @@ use rand::SeedableRng;
 
 type Case = (Shape, Options, u64, bool, bool);
 
-/// Random cases over `heads` x `dims`, topk up to `max_topk`.
-fn case(heads: Vec<usize>, dims: Vec<usize>, max_topk: usize) -> impl Strategy<Value = Case> {
+/// Random cases over `heads` x `dims`, `seq_q` and `topk` in the ranges.
+fn case(
+    heads: Vec<usize>,
+    dims: Vec<usize>,
+    seq_q: std::ops::RangeInclusive<usize>,
+    topk: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = Case> {
     let shape = (
         1usize..=3,
-        1usize..=24,
+        seq_q,
         1usize..=160,
         prop::sample::select(heads),
         prop::sample::select(dims),
-        1usize..=max_topk,
+        topk,
     )
         .prop_map(|(batch, seq_q, seq_k, heads, head_dim, topk)| Shape {
             batch,
@@ -64,20 +69,33 @@ fn case(heads: Vec<usize>, dims: Vec<usize>, max_topk: usize) -> impl Strategy<V
 /// d_index_q / d_weights between the two paddings.
 #[test]
 fn gpu_matches_reference_on_random_problems() {
-    let cases = case(vec![16, 32, 64, 128], vec![64, 128], 300);
+    let cases = case(vec![16, 32, 64, 128], vec![64, 128], 1..=24, 1..=300);
     run_cases("gpu_matches_reference_on_random_problems", cases, 256);
 }
 
-/// 128 more cases at H = 64, D = 128 (on Hopper the wgmma kernel, the fast
-/// path of the benchmark shape), topk up to 600 (up to ten 64-slot chunks),
-/// same checks.
+/// 128 more cases at H = 64, D = 128 (on Hopper the fast path of the
+/// benchmark shape for topk > 64, the mma.sync kernel below), topk up to
+/// 600 (up to ten 64-slot chunks), same checks.
 #[test]
 fn gpu_fast_path_matches_reference_on_random_problems() {
-    let cases = case(vec![64], vec![128], 600);
+    let cases = case(vec![64], vec![128], 1..=24, 1..=600);
     run_cases(
         "gpu_fast_path_matches_reference_on_random_problems",
         cases,
         128,
+    );
+}
+
+/// 24 cases at H = 64, D = 128 with 100-600 query rows: more rows than the
+/// persistent fast path has CTAs (2 per SM), so CTAs walk several rows and
+/// prefetch across row boundaries. Same checks.
+#[test]
+fn gpu_fast_path_with_more_rows_than_ctas_matches_reference() {
+    let cases = case(vec![64], vec![128], 100..=200, 65..=200);
+    run_cases(
+        "gpu_fast_path_with_more_rows_than_ctas_matches_reference",
+        cases,
+        24,
     );
 }
 

@@ -1,13 +1,19 @@
 //! Warpgroup MMA (`wgmma`, sm_90a): 128 threads (four consecutive warps,
 //! the first a multiple of four) multiply operands read from shared memory
-//! through matrix descriptors (`crate::sm90::desc`), accumulating f32 in registers.
+//! through matrix descriptors (`crate::sm90::desc`), accumulating f32 in
+//! registers.
 //!
-//! Each wrapper issues a whole K chain (`wgmma.fence`, the `mma_async`s,
-//! `commit_group`, `wait_group 0`) in one `asm!` block. The accumulators
-//! are therefore never touched by compiler-generated code while the
+//! Each wrapper takes the descriptors of the first K step and derives the
+//! others inside the asm by adding fixed offsets to the start-address field
+//! (16-byte units; the tiles of `crate::sm90` never carry out of the
+//! 14-bit field), so only two 64-bit values are live outside the asm.
+//!
+//! The synchronous wrappers issue a whole K chain (`wgmma.fence`, the
+//! `mma_async`s, `commit_group`, `wait_group 0`) in one `asm!` block, so
+//! the accumulators are never touched by compiler-generated code while the
 //! hardware still writes them (reading them before `wait_group` is
-//! undefined behaviour, and Rust has no way to tell LLVM that); overlap
-//! comes from the other warpgroups of the SM instead.
+//! undefined behaviour). The issue/wait pair keeps the accumulators as
+//! in/out operands of both halves for the same reason.
 //!
 //! Accumulator layout of `m64nNk16` (thread `t` of the warpgroup, warp
 //! `w = t / 32`, lane `l`, `g = l / 4`, `c = 2 * (l % 4)`): register
@@ -15,37 +21,52 @@
 
 use core::arch::asm;
 
-/// `D(64x32) += A(64x128) B(128x32)`: eight `m64n32k16` steps, A and B
-/// K-major (`a[k]`, `b[k]` the descriptors of step `k`).
+/// Issues `D(64x32) += A(64x128) B(128x32)` without waiting: eight
+/// `m64n32k16` steps, A and B K-major, stored as two 64-column swizzle
+/// blocks 8192 bytes apart (step `k` starts `32 (k % 4)` bytes into a row of
+/// block `k / 4`). Complete it with [`wait_m64n32`].
 ///
 /// # Safety
-/// All 128 threads of the warpgroup execute it together (`.sync.aligned`);
-/// every descriptor describes a 1024-byte aligned, 128-byte swizzled tile
-/// inside the launch's shared memory whose generic-proxy writes were made
-/// visible by `fence.proxy.async.shared::cta` and a barrier.
+/// As the synchronous wrappers; in addition nothing may read or write
+/// `acc` (or overwrite the shared operands) before the matching wait on
+/// the same array, and no other wgmma group may be committed in between
+/// (the wait drains all).
 #[inline(always)]
-pub unsafe fn m64n32_kmajor_k8(acc: &mut [f32; 16], a: [u64; 8], b: [u64; 8]) {
-    // SAFETY: forwarded from the caller. The asm waits for its own group
-    // (`wait_group 0`), so the accumulators are final when it returns and
-    // the compiler may treat it as an ordinary instruction sequence. Not
-    // `pure`/`nomem`: it reads shared memory and is warpgroup-collective.
+pub unsafe fn issue_s_m64n32(acc: &mut [f32; 16], a: u64, b: u64) {
+    // SAFETY: forwarded from the caller. `acc` is an in/out operand here and at the wait, so the compiler keeps
+    // it in place and does not use its values in between. Not `pure`/`nomem`: it
+    // reads shared memory and is warpgroup-collective.
     unsafe {
         asm!(
             "wgmma.fence.sync.aligned;",
             "{{",
             ".reg .pred p;",
+            ".reg .b64 ak, bk;",
             "setp.eq.u32 p, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a0}, {b0}, p, 1, 1, 0, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a1}, {b1}, p, 1, 1, 0, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a2}, {b2}, p, 1, 1, 0, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a3}, {b3}, p, 1, 1, 0, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a4}, {b4}, p, 1, 1, 0, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a5}, {b5}, p, 1, 1, 0, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a6}, {b6}, p, 1, 1, 0, 0;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a7}, {b7}, p, 1, 1, 0, 0;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a}, {b}, p, 1, 1, 0, 0;",
+            "add.s64 ak, {a}, 2;",
+            "add.s64 bk, {b}, 2;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
+            "add.s64 ak, {a}, 4;",
+            "add.s64 bk, {b}, 4;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
+            "add.s64 ak, {a}, 6;",
+            "add.s64 bk, {b}, 6;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
+            "add.s64 ak, {a}, 512;",
+            "add.s64 bk, {b}, 512;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
+            "add.s64 ak, {a}, 514;",
+            "add.s64 bk, {b}, 514;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
+            "add.s64 ak, {a}, 516;",
+            "add.s64 bk, {b}, 516;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
+            "add.s64 ak, {a}, 518;",
+            "add.s64 bk, {b}, 518;",
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
             "}}",
             "wgmma.commit_group.sync.aligned;",
-            "wgmma.wait_group.sync.aligned 0;",
             d0 = inout(reg32) acc[0],
             d1 = inout(reg32) acc[1],
             d2 = inout(reg32) acc[2],
@@ -62,51 +83,80 @@ pub unsafe fn m64n32_kmajor_k8(acc: &mut [f32; 16], a: [u64; 8], b: [u64; 8]) {
             d13 = inout(reg32) acc[13],
             d14 = inout(reg32) acc[14],
             d15 = inout(reg32) acc[15],
-            a0 = in(reg64) a[0],
-            a1 = in(reg64) a[1],
-            a2 = in(reg64) a[2],
-            a3 = in(reg64) a[3],
-            a4 = in(reg64) a[4],
-            a5 = in(reg64) a[5],
-            a6 = in(reg64) a[6],
-            a7 = in(reg64) a[7],
-            b0 = in(reg64) b[0],
-            b1 = in(reg64) b[1],
-            b2 = in(reg64) b[2],
-            b3 = in(reg64) b[3],
-            b4 = in(reg64) b[4],
-            b5 = in(reg64) b[5],
-            b6 = in(reg64) b[6],
-            b7 = in(reg64) b[7],
+            a = in(reg64) a,
+            b = in(reg64) b,
             options(nostack),
         )
     }
 }
 
-/// `D(64x64) += A(64x64) B(64x64)`: four `m64n64k16` steps, A K-major, B
-/// MN-major (transposed, `imm-trans-b = 1`).
+/// `wgmma.wait_group 0` completing an [`issue_s_m64n32`]: `acc` holds the
+/// result afterwards.
+///
+/// # Safety
+/// Whole warpgroup; `acc` is the array given to the issue.
+#[inline(always)]
+pub unsafe fn wait_m64n32(acc: &mut [f32; 16]) {
+    // SAFETY: a wait; `acc` as in/out operands marks the point where its
+    // values become defined for the compiler.
+    unsafe {
+        asm!(
+            "wgmma.wait_group.sync.aligned 0;",
+            // Names the accumulators (a PTX comment) so they are operands.
+            "// {d0} {d1} {d2} {d3} {d4} {d5} {d6} {d7} {d8} {d9} {d10} {d11} {d12} {d13} {d14} {d15}",
+            d0 = inout(reg32) acc[0],
+            d1 = inout(reg32) acc[1],
+            d2 = inout(reg32) acc[2],
+            d3 = inout(reg32) acc[3],
+            d4 = inout(reg32) acc[4],
+            d5 = inout(reg32) acc[5],
+            d6 = inout(reg32) acc[6],
+            d7 = inout(reg32) acc[7],
+            d8 = inout(reg32) acc[8],
+            d9 = inout(reg32) acc[9],
+            d10 = inout(reg32) acc[10],
+            d11 = inout(reg32) acc[11],
+            d12 = inout(reg32) acc[12],
+            d13 = inout(reg32) acc[13],
+            d14 = inout(reg32) acc[14],
+            d15 = inout(reg32) acc[15],
+            options(nostack),
+        )
+    }
+}
+
+/// `D(64x64) += A(64x64) B(64x64)`, four `m64n64k16` steps: A K-major (one
+/// swizzle block of 64 columns, step `k` 32 bytes further into each row),
+/// B MN-major (rows along K, step `k` 16 rows = 2048 bytes further).
 ///
 /// # Safety
 /// All 128 threads of the warpgroup execute it together (`.sync.aligned`);
-/// every descriptor describes a 1024-byte aligned, 128-byte swizzled tile
-/// inside the launch's shared memory whose generic-proxy writes were made
-/// visible by `fence.proxy.async.shared::cta` and a barrier.
+/// `a`/`b` describe 1024-byte aligned, 128-byte swizzled tiles inside the
+/// launch's shared memory, covering every K step, whose generic-proxy
+/// writes were made visible by `fence.proxy.async.shared::cta` and a
+/// barrier.
 #[inline(always)]
-pub unsafe fn m64n64_ak_bmn_k4(acc: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
-    // SAFETY: forwarded from the caller. The asm waits for its own group
-    // (`wait_group 0`), so the accumulators are final when it returns and
-    // the compiler may treat it as an ordinary instruction sequence. Not
-    // `pure`/`nomem`: it reads shared memory and is warpgroup-collective.
+pub unsafe fn dq_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
+    // SAFETY: forwarded from the caller. The asm waits for its own group, so the accumulators are final when
+    // it returns. Not `pure`/`nomem`: it
+    // reads shared memory and is warpgroup-collective.
     unsafe {
         asm!(
             "wgmma.fence.sync.aligned;",
             "{{",
             ".reg .pred p;",
+            ".reg .b64 ak, bk;",
             "setp.eq.u32 p, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a0}, {b0}, p, 1, 1, 0, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a1}, {b1}, p, 1, 1, 0, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a2}, {b2}, p, 1, 1, 0, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a3}, {b3}, p, 1, 1, 0, 1;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a}, {b}, p, 1, 1, 0, 1;",
+            "add.s64 ak, {a}, 2;",
+            "add.s64 bk, {b}, 128;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 0, 1;",
+            "add.s64 ak, {a}, 4;",
+            "add.s64 bk, {b}, 256;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 0, 1;",
+            "add.s64 ak, {a}, 6;",
+            "add.s64 bk, {b}, 384;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 0, 1;",
             "}}",
             "wgmma.commit_group.sync.aligned;",
             "wgmma.wait_group.sync.aligned 0;",
@@ -142,43 +192,44 @@ pub unsafe fn m64n64_ak_bmn_k4(acc: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
             d29 = inout(reg32) acc[29],
             d30 = inout(reg32) acc[30],
             d31 = inout(reg32) acc[31],
-            a0 = in(reg64) a[0],
-            a1 = in(reg64) a[1],
-            a2 = in(reg64) a[2],
-            a3 = in(reg64) a[3],
-            b0 = in(reg64) b[0],
-            b1 = in(reg64) b[1],
-            b2 = in(reg64) b[2],
-            b3 = in(reg64) b[3],
+            a = in(reg64) a,
+            b = in(reg64) b,
             options(nostack),
         )
     }
 }
 
-/// `D(64x64) += A(64x64) B(64x64)`: four `m64n64k16` steps, A and B
-/// MN-major (`imm-trans-a = imm-trans-b = 1`).
+/// `D(64x64) += A(64x64) B(64x64)`, four `m64n64k16` steps: A and B
+/// MN-major (rows along K, step `k` 16 rows = 2048 bytes further).
 ///
 /// # Safety
 /// All 128 threads of the warpgroup execute it together (`.sync.aligned`);
-/// every descriptor describes a 1024-byte aligned, 128-byte swizzled tile
-/// inside the launch's shared memory whose generic-proxy writes were made
-/// visible by `fence.proxy.async.shared::cta` and a barrier.
+/// `a`/`b` describe 1024-byte aligned, 128-byte swizzled tiles inside the
+/// launch's shared memory, covering every K step, whose generic-proxy
+/// writes were made visible by `fence.proxy.async.shared::cta` and a
+/// barrier.
 #[inline(always)]
-pub unsafe fn m64n64_amn_bmn_k4(acc: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
-    // SAFETY: forwarded from the caller. The asm waits for its own group
-    // (`wait_group 0`), so the accumulators are final when it returns and
-    // the compiler may treat it as an ordinary instruction sequence. Not
-    // `pure`/`nomem`: it reads shared memory and is warpgroup-collective.
+pub unsafe fn dk_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
+    // SAFETY: forwarded from the caller. The asm waits for its own group, so the accumulators are final when
+    // it returns. Not `pure`/`nomem`: it
+    // reads shared memory and is warpgroup-collective.
     unsafe {
         asm!(
             "wgmma.fence.sync.aligned;",
             "{{",
             ".reg .pred p;",
+            ".reg .b64 ak, bk;",
             "setp.eq.u32 p, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a0}, {b0}, p, 1, 1, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a1}, {b1}, p, 1, 1, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a2}, {b2}, p, 1, 1, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a3}, {b3}, p, 1, 1, 1, 1;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a}, {b}, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a}, 128;",
+            "add.s64 bk, {b}, 128;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a}, 256;",
+            "add.s64 bk, {b}, 256;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a}, 384;",
+            "add.s64 bk, {b}, 384;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
             "}}",
             "wgmma.commit_group.sync.aligned;",
             "wgmma.wait_group.sync.aligned 0;",
@@ -214,14 +265,8 @@ pub unsafe fn m64n64_amn_bmn_k4(acc: &mut [f32; 32], a: [u64; 4], b: [u64; 4]) {
             d29 = inout(reg32) acc[29],
             d30 = inout(reg32) acc[30],
             d31 = inout(reg32) acc[31],
-            a0 = in(reg64) a[0],
-            a1 = in(reg64) a[1],
-            a2 = in(reg64) a[2],
-            a3 = in(reg64) a[3],
-            b0 = in(reg64) b[0],
-            b1 = in(reg64) b[1],
-            b2 = in(reg64) b[2],
-            b3 = in(reg64) b[3],
+            a = in(reg64) a,
+            b = in(reg64) b,
             options(nostack),
         )
     }

@@ -18,7 +18,17 @@
 //! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod stage1;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod wg;
+
+/// PTX entry name of the fast path's stage-1 kernel (score gradient and dK
+/// zeroing; sm_90a PTX only).
+pub const STAGE1_KERNEL: &str = "indexer_score_grad_d128";
+/// Query rows per stage-1 CTA (one per warp).
+pub const STAGE1_ROWS: u32 = 8;
+/// Threads per stage-1 CTA.
+pub const STAGE1_THREADS: u32 = 32 * STAGE1_ROWS;
 
 /// PTX entry name of the wgmma row kernel (sm_90a PTX only).
 pub const WG_KERNEL: &str = "indexer_bwd_wg_h64_d128";
@@ -65,7 +75,8 @@ pub const DK_STRIDE: u32 = (DIM + DK_PAD) * 4;
 /// 1024-byte aligned base.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgSmem {
-    /// q tile (swizzle blocks).
+    /// Two q tiles (swizzle blocks), [`Q_BYTES`] apart: the current row's
+    /// and the next row's (prefetched while the current one runs).
     pub q: u32,
     /// Two K chunk buffers, [`K_BYTES`] apart.
     pub k: u32,
@@ -73,16 +84,16 @@ pub struct WgSmem {
     pub ds: u32,
     /// dK staging, `CHUNK` rows of [`DK_STRIDE`] bytes.
     pub dk: u32,
-    /// grad_signal of the slots, two buffers of `CHUNK` f32.
+    /// grad_signal of the slots, two sets of `CHUNK` f32.
     pub gs: u32,
-    /// Resolved key rows (-1 padding), two buffers of `CHUNK` i32.
+    /// Resolved key rows (-1 padding), two sets of `CHUNK` i32.
     pub rows: u32,
     /// Key rows of the chunk whose staged dK rows are being reduced,
     /// `CHUNK` i32.
     pub red_rows: u32,
-    /// weights as f32, `HEADS` values.
+    /// weights as f32, two rows of `HEADS` values (current, next).
     pub w: u32,
-    /// Cross-warp partial sums, `THREADS / 32 * HEADS` f32.
+    /// d_weights partials, `THREADS / 32 * HEADS` f32.
     pub red: u32,
     /// Bytes used after the aligned base.
     pub used: u32,
@@ -93,14 +104,14 @@ pub struct WgSmem {
 /// The layout (all tiles 1024-byte aligned).
 pub const SMEM: WgSmem = {
     let q = 0;
-    let k = q + Q_BYTES;
+    let k = q + 2 * Q_BYTES;
     let ds = k + 2 * K_BYTES;
     let dk = ds + DS_BYTES;
     let gs = dk + CHUNK * DK_STRIDE;
     let rows = gs + 2 * CHUNK * 4;
     let red_rows = rows + 2 * CHUNK * 4;
     let w = red_rows + CHUNK * 4;
-    let red = w + HEADS * 4;
+    let red = w + 2 * HEADS * 4;
     let used = red + THREADS / 32 * HEADS * 4;
     WgSmem {
         q,
@@ -116,6 +127,36 @@ pub const SMEM: WgSmem = {
         bytes: used + ALIGN_SLACK,
     }
 };
+
+/// Resident CTAs per SM the kernel is built for (launch bounds).
+pub const CTAS_PER_SM: u32 = 2;
+
+/// Persistent grid: one CTA per resident slot, never more than rows.
+pub const fn grid(rows: u32, sms: u32) -> u32 {
+    let slots = sms * CTAS_PER_SM;
+    if rows < slots {
+        rows
+    } else {
+        slots
+    }
+}
+
+/// Rows CTA `cta` of a grid of `ctas` handles: `cta, cta + ctas, ...`
+/// below `rows`.
+pub const fn rows_of(rows: u32, ctas: u32, cta: u32) -> u32 {
+    if cta >= rows {
+        0
+    } else {
+        (rows - cta).div_ceil(ctas)
+    }
+}
+
+/// The kernel needs at least two chunks per row (the next row's q tile is
+/// loaded during the current row's first chunk and must be complete before
+/// its last chunk ends), and indexes slots `row * topk + t` in u32.
+pub const fn supports(rows: u64, topk: u64) -> bool {
+    topk > CHUNK as u64 && rows * topk <= u32::MAX as u64
+}
 
 /// Byte offset, inside a swizzle block, of byte `col_byte` (< 128) of row
 /// `row`: the 16-byte chunk index is XORed with `row % 8` (the pattern the
@@ -142,11 +183,14 @@ pub const fn desc(start: u32, lbo: u32, sbo: u32) -> u64 {
         | (1u64 << 62)
 }
 
-/// Shared memory one H100/H200 CTA may use (227 KiB).
-const SMEM_LIMIT: u32 = 227 * 1024;
+/// Shared memory of one H100/H200 SM (228 KiB), of which the driver
+/// reserves 1 KiB per resident CTA.
+const SMEM_PER_SM: u32 = 228 * 1024;
+/// Shared memory the driver reserves per CTA.
+const SMEM_RESERVED_PER_CTA: u32 = 1024;
 
-// Two CTAs per SM (launch bounds) must fit.
-const _: () = assert!(2 * SMEM.bytes <= SMEM_LIMIT);
+// CTAS_PER_SM CTAs per SM (launch bounds) must fit.
+const _: () = assert!(CTAS_PER_SM * (SMEM.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
 // Operand tiles start on swizzle-pattern boundaries.
 const _: () = {
     assert!(SMEM.q.is_multiple_of(1024) && SMEM.k.is_multiple_of(1024));
@@ -196,6 +240,34 @@ mod tests {
     }
 
     #[test]
+    fn persistent_grid_covers_every_row_once() {
+        for (rows, sms) in [
+            (1, 132),
+            (72, 132),
+            (264, 132),
+            (265, 132),
+            (8192, 132),
+            (1000, 7),
+        ] {
+            let ctas = grid(rows, sms);
+            assert!(ctas >= 1 && ctas <= rows && ctas <= 2 * sms);
+            let mut seen = std::vec![0u8; rows as usize];
+            for cta in 0..ctas {
+                let n = rows_of(rows, ctas, cta);
+                assert!(n >= 1, "every CTA has a row");
+                for k in 0..n {
+                    seen[(cta + k * ctas) as usize] += 1;
+                }
+                assert!(cta + n * ctas >= rows, "no row left after the last");
+            }
+            assert!(seen.iter().all(|&s| s == 1), "rows {rows} sms {sms}");
+        }
+        assert_eq!(rows_of(10, 4, 12), 0);
+        assert!(!supports(8192, 64) && supports(8192, 65));
+        assert!(supports(1 << 20, 4095) && !supports(1 << 20, 4096));
+    }
+
+    #[test]
     fn layout_is_ordered_aligned_and_fits_two_ctas() {
         let l = SMEM;
         let offs = [
@@ -203,9 +275,9 @@ mod tests {
         ];
         assert!(offs.windows(2).all(|p| p[0] < p[1]), "{l:?}");
         assert!(offs.iter().all(|o| o.is_multiple_of(16)), "{l:?}");
-        assert_eq!(l.k - l.q, HEADS * DIM * 2);
+        assert_eq!(l.k - l.q, 2 * HEADS * DIM * 2);
         assert_eq!(l.ds - l.k, 2 * CHUNK * DIM * 2);
         assert_eq!(l.bytes, l.used + 1024);
-        assert!(2 * l.bytes <= SMEM_LIMIT);
+        assert!(CTAS_PER_SM * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
     }
 }

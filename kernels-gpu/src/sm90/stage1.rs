@@ -1,0 +1,77 @@
+//! Stage 1 of the Hopper fast path: the score gradient (grad_signal,
+//! written in place over `attn_score`) for [`STAGE1_ROWS`] query rows per
+//! CTA, one warp per row, with the zeroing of the f32 dK accumulator fused
+//! into the same launch. The persistent stage-2 kernel is launched as its
+//! programmatic dependent: it loads q and gathers its first K rows while
+//! this grid runs, and waits (`griddepcontrol.wait`) before it reads
+//! grad_signal or adds into dK.
+//!
+//! `G = sum_t g_t` is summed per lane in slot order, then across the warp by
+//! a fixed butterfly, so grad_signal is bitwise reproducible run to run.
+
+use super::{DIM, STAGE1_ROWS, STAGE1_THREADS};
+use crate::grad::score_terms;
+use crate::params::{GradParams, FLAG_LOG_SCORE};
+use crate::ptx::{global, griddep, sreg, sync};
+
+/// Launch: grid `ceil(B*S_q / STAGE1_ROWS)` of [`STAGE1_THREADS`] threads,
+/// no dynamic shared memory.
+///
+/// # Safety
+/// `p` validated by the host as for the row kernel, `D = DIM`; `dk_accum`
+/// holds `B*S_k*D` f32 and is 16-byte aligned.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn indexer_score_grad_d128(p: GradParams) {
+    // The dependent grid may be scheduled from now on; its
+    // griddepcontrol.wait still waits for this whole grid and its writes.
+    // SAFETY: a scheduling hint.
+    unsafe { griddep::launch_dependents() };
+    let tid = sreg::thread_idx_x();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (cta, ctas) = (sreg::block_idx_x(), sreg::grid_dim_x());
+
+    // ---- zero the f32 dK accumulator (grid-stride, 16-byte stores) ----
+    let vecs = p.batch as usize * p.seq_k as usize * (DIM as usize / 4);
+    let dk = p.dk_accum as *mut u8;
+    let stride = ctas as usize * STAGE1_THREADS as usize;
+    let mut i = cta as usize * STAGE1_THREADS as usize + tid as usize;
+    while i < vecs {
+        // SAFETY: i < B*S_k*D/4 vectors of the 16-byte aligned accumulator;
+        // each vector is written by one thread.
+        unsafe { global::st_v4(dk.add(16 * i), [0; 4]) };
+        i += stride;
+    }
+
+    // ---- one query row per warp ----
+    let row = cta * STAGE1_ROWS + warp;
+    if row >= p.batch * p.seq_q {
+        return;
+    }
+    let topk = p.topk as usize;
+    let base = row as usize * topk;
+    let log = p.flags & FLAG_LOG_SCORE != 0;
+    let attn = p.attn_score as *mut f32;
+    let score = p.index_score as *const f32;
+    // SAFETY: grad_loss is one f32 on the device (host-checked).
+    let coeff = p.coeff * unsafe { *(p.grad_loss as *const f32) };
+    let mut part = 0.0f32;
+    let mut t = lane as usize;
+    while t < topk {
+        // SAFETY: t < topk, inside this row's slots.
+        let (g, _) = unsafe { score_terms(*attn.add(base + t), *score.add(base + t), log, coeff) };
+        part += g;
+        t += 32;
+    }
+    // SAFETY: `row` is uniform across the warp, so all 32 lanes are here.
+    let big_g = unsafe { sync::warp_sum_f32(part) };
+    let mut t = lane as usize;
+    while t < topk {
+        // SAFETY: as above; this lane alone touches slot t, and the warp's
+        // pass-1 reads of it finished before the shuffles.
+        unsafe {
+            let (g, pr) = score_terms(*attn.add(base + t), *score.add(base + t), log, coeff);
+            *attn.add(base + t) = g - pr * big_g;
+        }
+        t += 32;
+    }
+}
