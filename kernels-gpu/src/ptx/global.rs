@@ -63,3 +63,20 @@ pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
              options(nostack))
     }
 }
+
+/// `ld.global.f32`, kept where it is written: not `pure`, so the compiler
+/// neither sinks it into the branch that uses it nor merges it away, and a
+/// run of these issues back to back (memory-level parallelism).
+///
+/// # Safety
+/// `p` must be a 4-byte aligned f32 in global memory, valid for reads.
+#[inline(always)]
+pub unsafe fn ld_f32_eager(p: *const f32) -> f32 {
+    let v: f32;
+    // SAFETY: the caller guarantees a valid, aligned global address.
+    unsafe {
+        asm!("ld.global.f32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p,
+             options(readonly, nostack))
+    }
+    v
+}

@@ -54,24 +54,52 @@ pub unsafe extern "ptx-kernel" fn indexer_score_grad_d128(p: GradParams) {
     let score = p.index_score as *const f32;
     // SAFETY: grad_loss is one f32 on the device (host-checked).
     let coeff = p.coeff * unsafe { *(p.grad_loss as *const f32) };
+    // Both passes load UNROLL slots per lane before using any, so each lane
+    // keeps that many loads in flight (a warp walks a whole row; one load at
+    // a time made the kernel latency-bound at large topk). Sums stay in slot
+    // order per lane.
+    const UNROLL: usize = 8;
+    let load = |t0: usize| {
+        let mut v = [(0.0f32, 0.0f32); UNROLL];
+        for (u, x) in v.iter_mut().enumerate() {
+            // Clamped instead of branched so all loads issue back to back;
+            // the callers ignore the values of slots past topk.
+            let t = (t0 + 32 * u).min(topk - 1);
+            // SAFETY: t < topk (topk >= 1), inside this row's slots.
+            *x = unsafe {
+                (
+                    global::ld_f32_eager(attn.add(base + t)),
+                    global::ld_f32_eager(score.add(base + t)),
+                )
+            };
+        }
+        v
+    };
     let mut part = 0.0f32;
-    let mut t = lane as usize;
-    while t < topk {
-        // SAFETY: t < topk, inside this row's slots.
-        let (g, _) = unsafe { score_terms(*attn.add(base + t), *score.add(base + t), log, coeff) };
-        part += g;
-        t += 32;
+    let mut t0 = lane as usize;
+    while t0 < topk {
+        let v = load(t0);
+        for (u, &(a, sc)) in v.iter().enumerate() {
+            if t0 + 32 * u < topk {
+                part += score_terms(a, sc, log, coeff).0;
+            }
+        }
+        t0 += 32 * UNROLL;
     }
     // SAFETY: `row` is uniform across the warp, so all 32 lanes are here.
     let big_g = unsafe { sync::warp_sum_f32(part) };
-    let mut t = lane as usize;
-    while t < topk {
-        // SAFETY: as above; this lane alone touches slot t, and the warp's
-        // pass-1 reads of it finished before the shuffles.
-        unsafe {
-            let (g, pr) = score_terms(*attn.add(base + t), *score.add(base + t), log, coeff);
-            *attn.add(base + t) = g - pr * big_g;
+    let mut t0 = lane as usize;
+    while t0 < topk {
+        let v = load(t0);
+        for (u, &(a, sc)) in v.iter().enumerate() {
+            let t = t0 + 32 * u;
+            if t < topk {
+                let (g, pr) = score_terms(a, sc, log, coeff);
+                // SAFETY: as above; this lane alone touches slot t, and the
+                // warp's pass-1 reads of it finished before the shuffles.
+                unsafe { *attn.add(base + t) = g - pr * big_g };
+            }
         }
-        t += 32;
+        t0 += 32 * UNROLL;
     }
 }
