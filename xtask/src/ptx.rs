@@ -288,6 +288,9 @@ fn dynamic_smem(kernel: &str) -> String {
     if kernel == SMOKE_KERNEL {
         return SMOKE_SMEM_BYTES.to_string();
     }
+    if kernel.starts_with("sm100_stage2_") {
+        return kernels_gpu::sm100::budget::SM100_SMEM.to_string();
+    }
     for h in SUPPORTED_HEADS {
         for d in SUPPORTED_DIMS {
             if grad_kernel_name(h, d) == Some(kernel) {

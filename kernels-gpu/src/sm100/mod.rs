@@ -13,8 +13,22 @@
 pub mod budget;
 pub mod desc;
 pub mod gather;
+pub mod operands;
 pub mod sched;
 pub mod tmap;
+pub mod tmem;
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+mod compute;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+mod load;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+mod mma;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+mod reduce;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
 mod smoke;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+mod stage1;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+mod stage2;
