@@ -9,7 +9,7 @@
 //!   into row h of the swizzled dS tile (`operands::ds_at`) and adds
 //!   `grad_signal * sm_scale * S` to its d_weights sum;
 //! - fences (generic -> async proxy, tcgen05 before-sync) and its warp
-//!   arrives on `DS_READY`.
+//!   arrives on `DS_READY` and `EMPTY[s]` (done with the stage metadata).
 //!
 //! After a row's last chunk it reads dQ[h, :] (`DQ_READY`), releases the
 //! accumulator (`DQ_FREE`) and writes `d_index_q` (bf16, times sm_scale)
@@ -19,7 +19,7 @@
 use super::budget::{K_STAGES, TMEM_DQ, TMEM_S};
 use super::operands::ds_at;
 use super::sched::{parity, slot};
-use super::stage2::{Ctx, DQ_FREE, DQ_READY, DS_READY, FULL, S_READY};
+use super::stage2::{Ctx, DQ_FREE, DQ_READY, DS_READY, EMPTY, FULL, S_READY};
 use super::tmem::{m64_row_of, warp_lane_base};
 use crate::params::FLAG_DW_F32;
 use crate::ptx::tcgen05;
@@ -90,6 +90,8 @@ pub(super) unsafe fn run<const NCH: u32, const H: u32>(c: &Ctx<'_>, warp: u32) {
                 sync::warp_sync();
                 if lane == 0 {
                     mbarrier::arrive(c.bar(DS_READY));
+                    // This warp is done with the stage's metadata.
+                    mbarrier::arrive(c.bar(EMPTY + ks.index));
                 }
                 n += 1;
             }
@@ -97,7 +99,7 @@ pub(super) unsafe fn run<const NCH: u32, const H: u32>(c: &Ctx<'_>, warp: u32) {
             // ---- dQ epilogue of the row ----
             mbarrier::wait_parity(c.bar(DQ_READY), parity(r));
             tcgen05::fence_after_thread_sync();
-            let dq = (p.d_index_q as *mut u32).add(((row * H + h) * 128 / 2) as usize);
+            let dq = (p.d_index_q as *mut u32).add((row as usize * H as usize + h as usize) * 64);
             for j in 0..8u32 {
                 let v = tcgen05::ld_32x32b_x16(c.tmem.offset(lanes, TMEM_DQ + 16 * j));
                 tcgen05::wait_ld();

@@ -11,6 +11,9 @@
 //! 5. commit `EMPTY[s]` and `DK_READY`; after the row's last chunk also
 //!    `DQ_READY` and `Q_EMPTY[b]`.
 //!
+//! Before leaving it waits for the last `EMPTY` and `Q_EMPTY` phases, so
+//! no commit arrival is still in flight when the CTA exits.
+//!
 //! A commit's arrival means every MMA this thread issued before it is
 //! complete, so each commit also releases everything earlier ones did.
 
@@ -94,5 +97,17 @@ pub(super) unsafe fn run<const NCH: u32, const H: u32>(c: &Ctx<'_>) {
         }
         r += 1;
         row += c.ctas;
+    }
+    // Let the last commits' arrivals land before the CTA may exit: the last
+    // K stage's release and the last q buffer's release (issued last).
+    if r > 0 {
+        let ks = slot(n - 1, K_STAGES);
+        let qs = slot(r - 1, Q_STAGES);
+        // SAFETY: initialised barriers; these phases complete once the
+        // last MMAs finish and the other roles release the stage.
+        unsafe {
+            mbarrier::wait_parity(c.bar(EMPTY + ks.index), ks.full_parity);
+            mbarrier::wait_parity(c.bar(Q_EMPTY + qs.index), qs.full_parity);
+        }
     }
 }

@@ -22,7 +22,7 @@
 //! | barrier | arrivals | meaning |
 //! |---|---|---|
 //! | `FULL[s]` | 32 load lanes + 32 KiB tx | K stage s and its slot metadata are filled |
-//! | `EMPTY[s]` | MMA commit + 4 reduce warps | stage s is no longer read |
+//! | `EMPTY[s]` | MMA commit + 4 compute + 4 reduce warps | stage s (K rows and slot metadata) is no longer read |
 //! | `Q_FULL[b]` | load lane 0 + q bytes tx | q buffer b holds the row's q |
 //! | `Q_EMPTY[b]` | MMA commit | the row's last MMA reading q buffer b is done |
 //! | `S_READY` | MMA commit | S of chunk n is in tensor memory |
@@ -162,7 +162,7 @@ unsafe fn stage2<const NCH: u32, const H: u32>(p: &GradParams, param_addr: u64) 
         if tid == 0 {
             for s in 0..K_STAGES {
                 mbarrier::init(c.bar(FULL + s), 32);
-                mbarrier::init(c.bar(EMPTY + s), 1 + 4);
+                mbarrier::init(c.bar(EMPTY + s), 1 + COMPUTE_WARPS + 4);
             }
             for b in 0..Q_STAGES {
                 mbarrier::init(c.bar(Q_FULL + b), 1);
