@@ -2,7 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::gpu;
-use crate::shape::{check_finite, GradDtype, KeyIds, Options, ScoreKind, Shape};
+use crate::shape::{check_finite, Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
+use crate::sm100::{select_backend, Sm100Kernels};
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr,
     DevicePtrMut, DeviceSlice,
@@ -73,6 +74,8 @@ pub struct Plan {
     row_fn: CudaFunction,
     cast_fn: CudaFunction,
     smem: RowSmem,
+    /// The tcgen05 kernels when the Blackwell backend was selected.
+    sm100: Option<Sm100Kernels>,
 }
 
 /// One tensor argument as the checks see it.
@@ -104,6 +107,11 @@ impl Plan {
         let smem = RowSmem::new(shape.heads as u32, shape.head_dim as u32);
         gpu::set_dynamic_smem(&row_fn, smem.bytes)?;
         let cast_fn = module.load_function(CAST_KERNEL)?;
+        let (major, minor) = ctx.compute_capability()?;
+        let sm100 = match select_backend(major, minor, &shape, opts.backend)? {
+            Backend::Blackwell => Some(Sm100Kernels::new(ctx, &module, &shape)?),
+            _ => None,
+        };
         Ok(Plan {
             shape,
             opts,
@@ -111,7 +119,18 @@ impl Plan {
             row_fn,
             cast_fn,
             smem,
+            sm100,
         })
+    }
+
+    /// The backend this plan runs: [`Backend::Hopper`] (`mma.sync` row
+    /// kernels) or [`Backend::Blackwell`] (tcgen05; not executed so far).
+    pub fn backend(&self) -> Backend {
+        if self.sm100.is_some() {
+            Backend::Blackwell
+        } else {
+            Backend::Hopper
+        }
     }
 
     /// The plan's shape.
@@ -416,16 +435,22 @@ impl Plan {
         let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
         mark(events.map(|e| &e.start))?;
         unsafe {
-            gpu::memset_zero(stream, accum, s.k_len() * 4)?;
-            mark(events.map(|e| &e.zeroed))?;
-            gpu::launch(
-                stream,
-                &self.row_fn,
-                s.rows() as u32,
-                GRAD_THREADS,
-                self.smem.bytes,
-                &p,
-            )?;
+            if let Some(k) = &self.sm100 {
+                // Zeroing is fused into the tcgen05 path's stage 1.
+                mark(events.map(|e| &e.zeroed))?;
+                k.launch(stream, s, &p)?;
+            } else {
+                gpu::memset_zero(stream, accum, s.k_len() * 4)?;
+                mark(events.map(|e| &e.zeroed))?;
+                gpu::launch(
+                    stream,
+                    &self.row_fn,
+                    s.rows() as u32,
+                    GRAD_THREADS,
+                    self.smem.bytes,
+                    &p,
+                )?;
+            }
             mark(events.map(|e| &e.gradients))?;
             if ws_needed > 0 {
                 let c = CastParams {

@@ -51,6 +51,7 @@ fn case() -> impl Strategy<Value = (Shape, Options, u64, bool, bool)> {
             } else {
                 GradDtype::Bf16
             },
+            ..Options::default()
         });
     (shape, opts, any::<u64>(), any::<bool>(), any::<bool>())
 }
