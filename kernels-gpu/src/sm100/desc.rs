@@ -81,8 +81,9 @@ pub enum Major {
 /// - bits 30..32: max shift (0: not a .ws instruction)
 ///
 /// Panics (at compile time when const-evaluated) on shapes the
-/// instruction does not support with cta_group::1: M in {64, 128}, N a
-/// multiple of 8 (M = 64) or 16 (M = 128) in 8..=256.
+/// instruction does not support with dense `cta_group::1` (PTX ISA,
+/// tcgen05 "Matrix Shape" table): M in {64, 128}, N a multiple of 8 in
+/// 8..=256 (the step of 16 applies to `cta_group::2` only).
 pub const fn instr_desc_f16(
     m: u32,
     n: u32,
@@ -96,10 +97,7 @@ pub const fn instr_desc_f16(
         "cta_group::1 kind::f16 supports M = 64 or 128"
     );
     assert!(n >= 8 && n <= 256, "N must be in 8..=256");
-    assert!(
-        n.is_multiple_of(if m == 64 { 8 } else { 16 }),
-        "N step is 8 (M=64) or 16 (M=128)"
-    );
+    assert!(n.is_multiple_of(8), "N step is 8");
     ((d as u32) << 4)
         | ((ab as u32) << 7)
         | ((ab as u32) << 10)
@@ -218,8 +216,17 @@ mod tests {
 
     #[test]
     #[should_panic]
-    fn n_not_a_multiple_of_16_with_m128_is_rejected() {
-        let _ = instr_desc_f16(128, 24, F16Kind::Bf16, Accum::F32, Major::K, Major::K);
+    fn n_not_a_multiple_of_8_is_rejected() {
+        let _ = instr_desc_f16(128, 20, F16Kind::Bf16, Accum::F32, Major::K, Major::K);
+    }
+
+    #[test]
+    fn n_in_steps_of_8_is_accepted_for_both_m() {
+        // cta_group::1 dense kind::f16: N = 8, 16, 24, ... 256 for M = 64 and 128.
+        let i = instr_desc_f16(128, 24, F16Kind::Bf16, Accum::F32, Major::K, Major::K);
+        assert_eq!((i >> 17) & 0x3f, 3);
+        let j = instr_desc_f16(64, 256, F16Kind::Bf16, Accum::F32, Major::K, Major::K);
+        assert_eq!((j >> 17) & 0x3f, 32);
     }
 
     #[test]

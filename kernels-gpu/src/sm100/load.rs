@@ -7,10 +7,11 @@
 //! padding) and grad_signal into the stage's metadata, arrives on
 //! `FULL[s]` (lane 0 also expects the stage's 32 KiB), and issues the two
 //! `tile::gather4` loads (D columns 0..64 and 64..128) of its four rows.
-//! Padding slots get an out-of-bounds row coordinate, which TMA zero-fills.
+//! Padding slots are marked invalid (-1) in the metadata and gather row 0
+//! (`gather::tma_row`); the compute and reduce roles mask them out.
 
 use super::budget::{K_STAGES, Q_STAGES, SM100_CHUNK, SMEM_K_STAGE, SMEM_Q_REGION};
-use super::gather::{gather4_coords, Ids};
+use super::gather::{gather4_coords, tma_row, Ids};
 use super::operands::gather4_dst;
 use super::sched::slot;
 use super::stage2::{Ctx, EMPTY, FULL, Q_EMPTY, Q_FULL};
@@ -63,6 +64,12 @@ pub(super) unsafe fn run<const NCH: u32, const H: u32>(c: &Ctx<'_>) {
                     *id = *ids.add(first + i);
                 }
                 let coords = gather4_coords(&id4, b, p.batch, p.seq_k, conv);
+                let rows = [
+                    tma_row(coords[0], oob),
+                    tma_row(coords[1], oob),
+                    tma_row(coords[2], oob),
+                    tma_row(coords[3], oob),
+                ];
                 for (i, &y) in coords.iter().enumerate() {
                     let t = 4 * lane + i as u32;
                     let resolved = if y == oob { -1 } else { y };
@@ -84,7 +91,7 @@ pub(super) unsafe fn run<const NCH: u32, const H: u32>(c: &Ctx<'_>) {
                         stage.add(gather4_dst(lane, half)),
                         c.k_map as *const u8,
                         (64 * half) as i32,
-                        coords,
+                        rows,
                         full,
                     );
                 }
