@@ -92,6 +92,20 @@ pub fn resolve(id: i32, b: u32, p: &GradParams) -> i32 {
     }
 }
 
+/// Stage-2 gate of one (head, slot) pair, from the raw accumulator
+/// `acc = q . k`: with `s = sm_scale * acc`, returns
+/// `(dS, d_weights term) = (gs * w, gs * s)` when the slot is valid and
+/// `s > 0`, else `(0, 0)` (SPEC, stage 2).
+#[inline(always)]
+pub fn gate(acc: f32, sm_scale: f32, gs: f32, w: f32, valid: bool) -> (f32, f32) {
+    let s = acc * sm_scale;
+    if valid && s > 0.0 {
+        (gs * w, gs * s)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +166,15 @@ mod tests {
         p.flags = FLAG_LOCAL_IDS;
         assert_eq!(resolve(4, 1, &p), 9);
         assert_eq!(resolve(5, 0, &p), -1);
+    }
+
+    #[test]
+    fn gate_passes_only_valid_positive_scores() {
+        assert_eq!(gate(2.0, 0.5, 3.0, 4.0, true), (12.0, 3.0));
+        assert_eq!(gate(2.0, 0.5, 3.0, 4.0, false), (0.0, 0.0));
+        assert_eq!(gate(0.0, 0.5, 3.0, 4.0, true), (0.0, 0.0));
+        assert_eq!(gate(-1.0, 0.5, 3.0, 4.0, true), (0.0, 0.0));
+        // A negative sm_scale flips the sign of S before the gate.
+        assert_eq!(gate(-2.0, -0.5, 3.0, 4.0, true), (12.0, 3.0));
     }
 }

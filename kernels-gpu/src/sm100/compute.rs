@@ -24,6 +24,7 @@ use super::tmem::{m64_row_of, warp_lane_base};
 use crate::params::FLAG_DW_F32;
 use crate::ptx::tcgen05;
 use crate::ptx::{bulk, cvt, mbarrier, smem, sreg, sync};
+use crate::score::gate;
 
 /// # Safety
 /// Called by all 32 lanes of compute warp `warp` (0..4) under the stage-2
@@ -58,7 +59,9 @@ pub(super) unsafe fn run<const NCH: u32, const H: u32>(c: &Ctx<'_>, warp: u32) {
                 mbarrier::wait_parity(c.bar(FULL + ks.index), ks.full_parity);
                 mbarrier::wait_parity(c.bar(S_READY), parity(n));
                 tcgen05::fence_after_thread_sync();
-                for j in 0..8u32 {
+                // Kept as a loop (opaque trip count): fully unrolled, LLVM
+                // hoists all eight loads and runs out of registers.
+                for j in 0..sync::opaque_u32(8) {
                     let v = tcgen05::ld_32x32b_x16(c.tmem.offset(lanes, TMEM_S + 16 * j));
                     tcgen05::wait_ld();
                     let mut packed = [0u32; 8];
@@ -68,11 +71,10 @@ pub(super) unsafe fn run<const NCH: u32, const H: u32>(c: &Ctx<'_>, warp: u32) {
                             let t = 16 * j + 2 * i as u32 + e as u32;
                             let gs = smem::ld_f32(c.meta_gs(ks.index, t));
                             let valid = (smem::ld_u32(c.meta_row(ks.index, t)) as i32) >= 0;
-                            let sv = f32::from_bits(v[2 * i + e]) * sm_scale;
-                            if valid && sv > 0.0 {
-                                *d = gs * w_h;
-                                dw += gs * sv;
-                            }
+                            let (ds_v, dw_t) =
+                                gate(f32::from_bits(v[2 * i + e]), sm_scale, gs, w_h, valid);
+                            *d = ds_v;
+                            dw += dw_t;
                         }
                         *pk = cvt::pack_bf16x2(pair[0], pair[1]);
                     }

@@ -20,6 +20,8 @@
 
 pub mod budget;
 pub mod desc;
+#[cfg(test)]
+mod emulate;
 pub mod gather;
 pub mod operands;
 pub mod sched;

@@ -119,16 +119,18 @@ mod tests {
         (f(0), f(16), f(32), d >> 61)
     }
 
-    fn kmajor_addr(d: u64, m: u32, kk: u32) -> u32 {
-        let (start, _, sbo, sw) = fields(d);
-        assert_eq!(sw, 2, "128-byte swizzle");
-        model_kmajor(start, sbo, m, kk)
-    }
-
-    fn mnmajor_addr(d: u64, mn: u32, kk: u32) -> u32 {
+    /// Address of element `(mn, kk)` of operand `which` (0 = A, 1 = B) of an
+    /// MMA with instruction descriptor `idesc` and smem descriptor `d`: the
+    /// major-ness comes from the instruction descriptor's transpose bit
+    /// (15 for A, 16 for B), the strides from the smem descriptor.
+    fn addr(idesc: u32, which: u32, d: u64, mn: u32, kk: u32) -> u32 {
         let (start, lbo, sbo, sw) = fields(d);
         assert_eq!(sw, 2, "128-byte swizzle");
-        model_mnmajor(start, lbo, sbo, mn, kk)
+        if (idesc >> (15 + which)) & 1 == 1 {
+            model_mnmajor(start, lbo, sbo, mn, kk)
+        } else {
+            model_kmajor(start, sbo, mn, kk)
+        }
     }
 
     // Buffers at 1024-aligned addresses as in the kernel (any such base).
@@ -144,14 +146,14 @@ mod tests {
                 let d = ks * 16 + kk;
                 for h in 0..64 {
                     assert_eq!(
-                        kmajor_addr(a, h, kk),
+                        addr(IDESC_S, 0, a, h, kk),
                         Q + q_at(h, d),
                         "A ks {ks} h {h} kk {kk}"
                     );
                 }
                 for slot in 0..128 {
                     assert_eq!(
-                        kmajor_addr(b, slot, kk),
+                        addr(IDESC_S, 1, b, slot, kk),
                         K + k_at(slot, d),
                         "B ks {ks} slot {slot}"
                     );
@@ -167,11 +169,11 @@ mod tests {
             for kk in 0..16 {
                 let slot = ks * 16 + kk;
                 for h in 0..64 {
-                    assert_eq!(kmajor_addr(a, h, kk), DS + ds_at(h, slot));
+                    assert_eq!(addr(IDESC_DQ, 0, a, h, kk), DS + ds_at(h, slot));
                 }
                 for d in 0..128 {
                     assert_eq!(
-                        mnmajor_addr(b, d, kk),
+                        addr(IDESC_DQ, 1, b, d, kk),
                         K + k_at(slot, d),
                         "ks {ks} d {d} kk {kk}"
                     );
@@ -189,10 +191,10 @@ mod tests {
                     let h = ks * 16 + kk;
                     assert!(h < heads);
                     for slot in 0..128 {
-                        assert_eq!(mnmajor_addr(a, slot, kk), DS + ds_at(h, slot));
+                        assert_eq!(addr(IDESC_DK, 0, a, slot, kk), DS + ds_at(h, slot));
                     }
                     for d in 0..128 {
-                        assert_eq!(mnmajor_addr(b, d, kk), Q + q_at(h, d));
+                        assert_eq!(addr(IDESC_DK, 1, b, d, kk), Q + q_at(h, d));
                     }
                 }
             }
