@@ -70,12 +70,12 @@ pub struct Outputs<'a> {
 pub struct Plan {
     shape: Shape,
     opts: Options,
+    /// The tcgen05 kernels when the Blackwell backend was selected.
+    sm100: Option<Sm100Kernels>,
     ctx: Arc<CudaContext>,
     row_fn: CudaFunction,
     cast_fn: CudaFunction,
     smem: RowSmem,
-    /// The tcgen05 kernels when the Blackwell backend was selected.
-    sm100: Option<Sm100Kernels>,
 }
 
 /// One tensor argument as the checks see it.
@@ -115,11 +115,11 @@ impl Plan {
         Ok(Plan {
             shape,
             opts,
+            sm100,
             ctx: ctx.clone(),
             row_fn,
             cast_fn,
             smem,
-            sm100,
         })
     }
 
@@ -434,33 +434,68 @@ impl Plan {
         // RowSmem bytes, limit raised in `new`).
         let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
         mark(events.map(|e| &e.start))?;
+        if let Some(k) = &self.sm100 {
+            return self.run_tcgen05(k, stream, &p, ws, dk, events);
+        }
         unsafe {
-            if let Some(k) = &self.sm100 {
-                // Zeroing is fused into the tcgen05 path's stage 1.
-                mark(events.map(|e| &e.zeroed))?;
-                k.launch(stream, s, &p)?;
-            } else {
-                gpu::memset_zero(stream, accum, s.k_len() * 4)?;
-                mark(events.map(|e| &e.zeroed))?;
-                gpu::launch(
-                    stream,
-                    &self.row_fn,
-                    s.rows() as u32,
-                    GRAD_THREADS,
-                    self.smem.bytes,
-                    &p,
-                )?;
-            }
+            gpu::memset_zero(stream, accum, s.k_len() * 4)?;
+            mark(events.map(|e| &e.zeroed))?;
+            gpu::launch(
+                stream,
+                &self.row_fn,
+                s.rows() as u32,
+                GRAD_THREADS,
+                self.smem.bytes,
+                &p,
+            )?;
             mark(events.map(|e| &e.gradients))?;
             if ws_needed > 0 {
-                let c = CastParams {
-                    src: ws,
-                    dst: dk,
-                    len: s.k_len() as u64,
-                };
-                let per_block = (CAST_THREADS * CAST_VEC) as usize;
-                let grid = s.k_len().div_ceil(per_block).min(65_535) as u32;
-                gpu::launch(stream, &self.cast_fn, grid, CAST_THREADS, 0, &c)?;
+                self.launch_cast(stream, ws, dk)?;
+            }
+        }
+        mark(events.map(|e| &e.end))?;
+        Ok(())
+    }
+
+    /// The f32 -> bf16 cast of the dK accumulator `ws` into `dk`.
+    ///
+    /// # Safety
+    /// `ws` and `dk` validated by `run` for this plan's shape.
+    unsafe fn launch_cast(&self, stream: &CudaStream, ws: u64, dk: u64) -> Result<()> {
+        let c = CastParams {
+            src: ws,
+            dst: dk,
+            len: self.shape.k_len() as u64,
+        };
+        let per_block = (CAST_THREADS * CAST_VEC) as usize;
+        let grid = self.shape.k_len().div_ceil(per_block).min(65_535) as u32;
+        // SAFETY: forwarded; the cast kernel's launch contract.
+        unsafe { gpu::launch(stream, &self.cast_fn, grid, CAST_THREADS, 0, &c) }
+    }
+
+    /// The launches of `run` on the tcgen05 path: stage 1 (which also zeroes
+    /// the f32 accumulator `p.dk_accum`), stage 2 as its programmatic
+    /// dependent, then the cast when `d_index_k` is bf16. `run` has already
+    /// checked everything and recorded `events.start`.
+    fn run_tcgen05(
+        &self,
+        k: &Sm100Kernels,
+        stream: &CudaStream,
+        p: &GradParams,
+        ws: u64,
+        dk: u64,
+        events: Option<&StageEvents>,
+    ) -> Result<()> {
+        let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
+        // Zeroing is fused into stage 1, so `zeroed` directly follows `start`.
+        mark(events.map(|e| &e.zeroed))?;
+        // SAFETY: `p` and the buffers were validated by `run` for this
+        // plan's shape, which `select_backend` accepted for these kernels.
+        unsafe {
+            k.launch(stream, &self.shape, p)?;
+            mark(events.map(|e| &e.gradients))?;
+            if self.workspace_bytes() > 0 {
+                self.launch_cast(stream, ws, dk)?;
             }
         }
         mark(events.map(|e| &e.end))?;

@@ -14,7 +14,8 @@
 use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOG_SCORE};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, ldmatrix, mma, sreg, sync};
-use crate::score::{resolve, score_terms};
+// Re-exported for other kernels that use them through `crate::grad`.
+pub(crate) use crate::score::{resolve, score_terms};
 use crate::tiles::{
     RowSmem, CHUNK, DK_PAD, GRAD_THREADS, GRAD_WARPS, MMA_K, MMA_M, MMA_N, ROW_PAD,
 };

@@ -122,20 +122,22 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
     // The occupancy targets were tuned and measured on sm_90a; elsewhere
     // (sm_100a, not executed) ask for one CTA per SM so ptxas keeps its
     // register freedom (with two, the H=64 D=128 kernel spills there).
-    let mut bounds: Vec<(&str, u32, u32)> = kernels_gpu::params::LAUNCH_BOUNDS
-        .map(|(n, t, c)| (n, t, if cpu == "sm_90a" { c } else { 1 }))
-        .to_vec();
-    // The tcgen05 kernels exist only in the sm_100a PTX.
-    let mut ptx = ptx;
-    if cpu == "sm_100a" {
-        bounds.extend(kernels_gpu::params::SM100_LAUNCH_BOUNDS);
-        ptx = align_first_param(
+    let bounds = kernels_gpu::params::LAUNCH_BOUNDS
+        .map(|(n, t, c)| (n, t, if cpu == "sm_90a" { c } else { 1 }));
+    let ptx = add_launch_bounds(&ptx, &bounds)?;
+
+    // The tcgen05 kernels exist only in the sm_100a PTX: their launch
+    // bounds, and 64-byte alignment of the parameter holding tensor maps.
+    let ptx = if cpu == "sm_100a" {
+        let ptx = add_launch_bounds(&ptx, &kernels_gpu::params::SM100_LAUNCH_BOUNDS)?;
+        align_first_param(
             &ptx,
             &kernels_gpu::params::SM100_STAGE2_KERNELS,
             kernels_gpu::params::TENSOR_MAP_ALIGN,
-        )?;
-    }
-    let ptx = add_launch_bounds(&ptx, &bounds)?;
+        )?
+    } else {
+        ptx
+    };
     std::fs::write(&out, ptx).map_err(|e| e.to_string())?;
     Ok(())
 }

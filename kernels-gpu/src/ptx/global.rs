@@ -19,19 +19,6 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [x, y, z, w]
 }
 
-/// `red.global.add.f32`: atomic add without a return value.
-///
-/// # Safety
-/// `p` must be a 4-byte aligned f32 in global memory, valid for writes.
-#[inline(always)]
-pub unsafe fn red_add_f32(p: *mut f32, v: f32) {
-    // SAFETY: the caller guarantees a valid global f32 address; the
-    // reduction is atomic, so concurrent adds from other threads are fine.
-    unsafe {
-        asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
-    }
-}
-
 /// `st.global.v4.b32`: 16 bytes.
 ///
 /// # Safety
@@ -44,5 +31,18 @@ pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
         asm!("st.global.v4.b32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg64) p,
              x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
              options(nostack))
+    }
+}
+
+/// `red.global.add.f32`: atomic add without a return value.
+///
+/// # Safety
+/// `p` must be a 4-byte aligned f32 in global memory, valid for writes.
+#[inline(always)]
+pub unsafe fn red_add_f32(p: *mut f32, v: f32) {
+    // SAFETY: the caller guarantees a valid global f32 address; the
+    // reduction is atomic, so concurrent adds from other threads are fine.
+    unsafe {
+        asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
     }
 }
