@@ -86,6 +86,18 @@ pub enum Error {
         /// Minor compute capability.
         minor: i32,
     },
+    /// The backend forced in `Options::backend` cannot run this plan.
+    #[error("backend {backend} unavailable: {reason} (GPU compute capability {major}.{minor})")]
+    BackendUnavailable {
+        /// The requested backend.
+        backend: &'static str,
+        /// Why it cannot run (GPU or shape).
+        reason: &'static str,
+        /// Major compute capability.
+        major: i32,
+        /// Minor compute capability.
+        minor: i32,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver error: {0}")]
     Driver(#[from] DriverError),

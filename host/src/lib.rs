@@ -14,8 +14,9 @@
 //! - [`cpu`]: a multi-threaded f64 implementation of the same math: the test
 //!   oracle, and [`cpu::execute`], the fallback where no GPU is present.
 //!
-//! Runs on: NVIDIA Hopper (sm_90, tested on H200). Blackwell (sm_100) PTX is
-//! compiled and assembled but has not been executed.
+//! Runs on: NVIDIA Hopper (sm_90, tested on H200). The Blackwell path
+//! (sm_100/sm_103, tcgen05 kernels, chosen by [`Backend::Auto`]) is
+//! compiled and assembled for sm_100a, not executed (no such GPU available).
 
 pub mod cpu;
 mod error;
@@ -23,13 +24,15 @@ pub mod gpu;
 pub mod oneshot;
 mod plan;
 mod shape;
+mod sm100;
 
 pub use cudarc;
 pub use error::{Error, Result};
 pub use gpu::cuda_device_count;
 pub use half::bf16;
 pub use plan::{GradOut, Inputs, Outputs, Plan, StageEvents, StageTimes};
-pub use shape::{GradDtype, KeyIds, Options, ScoreKind, Shape};
+pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
+pub use sm100::select_backend;
 
 /// The README's code blocks, compiled as doctests so the API example there
 /// cannot drift from the API.

@@ -2,7 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::gpu;
-use crate::shape::{check_finite, GradDtype, KeyIds, Options, ScoreKind, Shape};
+use crate::shape::{check_finite, Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
+use crate::sm100::{select_backend, Sm100Kernels};
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr,
     DevicePtrMut, DeviceSlice,
@@ -70,6 +71,8 @@ pub struct Outputs<'a> {
 pub struct Plan {
     shape: Shape,
     opts: Options,
+    /// The tcgen05 kernels when the Blackwell backend was selected.
+    sm100: Option<Sm100Kernels>,
     ctx: Arc<CudaContext>,
     /// The gradient kernel (one CTA per query row, or persistent on the
     /// fast path).
@@ -115,8 +118,10 @@ impl Plan {
         // path (stage-1 kernel, then the persistent wgmma kernel as its
         // programmatic dependent; sm_90a PTX only). Everything else: the
         // mma.sync row kernel of the shape after a memset.
-        let (major, _) = ctx.compute_capability()?;
-        let fast = major == 9
+        let (major, minor) = ctx.compute_capability()?;
+        let backend = select_backend(major, minor, &shape, opts.backend)?;
+        let fast = backend == Backend::Hopper
+            && major == 9
             && (shape.heads, shape.head_dim) == (sm90::HEADS as usize, sm90::DIM as usize)
             && sm90::supports(shape.rows() as u64, shape.topk as u64);
         let (row_fn, threads, smem_bytes, stage1_fn, grid) = if fast {
@@ -141,9 +146,14 @@ impl Plan {
         };
         gpu::set_dynamic_smem(&row_fn, smem_bytes)?;
         let cast_fn = module.load_function(CAST_KERNEL)?;
+        let sm100 = match backend {
+            Backend::Blackwell => Some(Sm100Kernels::new(ctx, &module, &shape)?),
+            _ => None,
+        };
         Ok(Plan {
             shape,
             opts,
+            sm100,
             ctx: ctx.clone(),
             row_fn,
             cast_fn,
@@ -152,6 +162,16 @@ impl Plan {
             smem_bytes,
             grid,
         })
+    }
+
+    /// The backend this plan runs: [`Backend::Hopper`] (`mma.sync` row
+    /// kernels) or [`Backend::Blackwell`] (tcgen05; not executed so far).
+    pub fn backend(&self) -> Backend {
+        if self.sm100.is_some() {
+            Backend::Blackwell
+        } else {
+            Backend::Hopper
+        }
     }
 
     /// The plan's shape.
@@ -457,6 +477,9 @@ impl Plan {
         // griddepcontrol.wait before it reads what stage 1 writes).
         let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
         mark(events.map(|e| &e.start))?;
+        if let Some(k) = &self.sm100 {
+            return self.run_tcgen05(k, stream, &p, ws, dk, events);
+        }
         unsafe {
             match &self.stage1_fn {
                 Some(stage1) => {
@@ -490,14 +513,52 @@ impl Plan {
             }
             mark(events.map(|e| &e.gradients))?;
             if ws_needed > 0 {
-                let c = CastParams {
-                    src: ws,
-                    dst: dk,
-                    len: s.k_len() as u64,
-                };
-                let per_block = (CAST_THREADS * CAST_VEC) as usize;
-                let grid = s.k_len().div_ceil(per_block).min(65_535) as u32;
-                gpu::launch(stream, &self.cast_fn, grid, CAST_THREADS, 0, &c)?;
+                self.launch_cast(stream, ws, dk)?;
+            }
+        }
+        mark(events.map(|e| &e.end))?;
+        Ok(())
+    }
+
+    /// The f32 -> bf16 cast of the dK accumulator `ws` into `dk`.
+    ///
+    /// # Safety
+    /// `ws` and `dk` validated by `run` for this plan's shape.
+    unsafe fn launch_cast(&self, stream: &CudaStream, ws: u64, dk: u64) -> Result<()> {
+        let c = CastParams {
+            src: ws,
+            dst: dk,
+            len: self.shape.k_len() as u64,
+        };
+        let per_block = (CAST_THREADS * CAST_VEC) as usize;
+        let grid = self.shape.k_len().div_ceil(per_block).min(65_535) as u32;
+        // SAFETY: forwarded; the cast kernel's launch contract.
+        unsafe { gpu::launch(stream, &self.cast_fn, grid, CAST_THREADS, 0, &c) }
+    }
+
+    /// The launches of `run` on the tcgen05 path: stage 1 (which also zeroes
+    /// the f32 accumulator `p.dk_accum`), stage 2 as its programmatic
+    /// dependent, then the cast when `d_index_k` is bf16. `run` has already
+    /// checked everything and recorded `events.start`.
+    fn run_tcgen05(
+        &self,
+        k: &Sm100Kernels,
+        stream: &CudaStream,
+        p: &GradParams,
+        ws: u64,
+        dk: u64,
+        events: Option<&StageEvents>,
+    ) -> Result<()> {
+        let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
+        // Zeroing is fused into stage 1, so `zeroed` directly follows `start`.
+        mark(events.map(|e| &e.zeroed))?;
+        // SAFETY: `p` and the buffers were validated by `run` for this
+        // plan's shape, which `select_backend` accepted for these kernels.
+        unsafe {
+            k.launch(stream, &self.shape, p)?;
+            mark(events.map(|e| &e.gradients))?;
+            if self.workspace_bytes() > 0 {
+                self.launch_cast(stream, ws, dk)?;
             }
         }
         mark(events.map(|e| &e.end))?;

@@ -147,6 +147,45 @@ impl GradDtype {
     }
 }
 
+/// Which kernels a plan runs on the GPU.
+///
+/// The Blackwell path (tcgen05, tensor memory, TMA gather4; sm_100a PTX) is
+/// **compiled and assembled for sm_100a, not executed**: no sm_100 GPU has
+/// been available to run it. `Backend::Hopper` keeps a Blackwell GPU on the
+/// `mma.sync` row kernels, which the sm_100a PTX also holds (the wgmma fast
+/// path is sm_90a-only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// By compute capability: sm_90 -> [`Backend::Hopper`]; sm_100/sm_103 ->
+    /// [`Backend::Blackwell`] when the shape is one of its specializations
+    /// (H in {32, 64}, D = 128, topk in {128, 256, 384}), otherwise the
+    /// `mma.sync` row kernels.
+    #[default]
+    Auto,
+    /// The Hopper kernels: on sm_90 the wgmma fast path (stage-1 launch,
+    /// then the persistent warpgroup-MMA kernel as its programmatic
+    /// dependent) for H = 64, D = 128, topk > 64, and the `mma.sync` row
+    /// kernels (one CTA per query row) for every other shape; on sm_100 the
+    /// `mma.sync` row kernels.
+    Hopper,
+    /// The persistent tcgen05 kernels (stage 1 and stage 2 with programmatic
+    /// dependent launch). Plan creation fails with
+    /// [`Error::BackendUnavailable`] on a GPU other than sm_100/sm_103 or a
+    /// shape outside the specializations.
+    Blackwell,
+}
+
+impl Backend {
+    /// Name used in error messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Hopper => "hopper (mma.sync row kernels)",
+            Backend::Blackwell => "blackwell (tcgen05)",
+        }
+    }
+}
+
 /// Options fixed when a plan is built.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Options {
@@ -160,6 +199,8 @@ pub struct Options {
     pub d_index_k: GradDtype,
     /// Element type of `d_weights`.
     pub d_weights: GradDtype,
+    /// Kernel path (default [`Backend::Auto`]: by compute capability).
+    pub backend: Backend,
 }
 
 impl Default for Options {
@@ -170,6 +211,7 @@ impl Default for Options {
             score: ScoreKind::Probs,
             d_index_k: GradDtype::F32,
             d_weights: GradDtype::Bf16,
+            backend: Backend::Auto,
         }
     }
 }

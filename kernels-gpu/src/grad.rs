@@ -11,99 +11,14 @@
 //! grad_signal is taken in a fixed order inside one CTA, so those outputs
 //! are bitwise reproducible; only `d_index_k` uses atomics.
 
-use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE};
+use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOG_SCORE};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, ldmatrix, mma, sreg, sync};
+// Re-exported for other kernels that use them through `crate::grad`.
+pub(crate) use crate::score::{resolve, score_terms};
 use crate::tiles::{
     RowSmem, CHUNK, DK_PAD, GRAD_THREADS, GRAD_WARPS, MMA_K, MMA_M, MMA_N, ROW_PAD,
 };
-
-/// `exp(-100)` rounded to f32: 27 * 2^-149, a subnormal. For every f32 `x`,
-/// `x >= CLIP` agrees with `x >= exp(-100)` computed exactly, because
-/// `exp(-100)` lies between 26 and 27 units of 2^-149.
-const CLIP: f32 = f32::from_bits(27);
-
-/// `exp(x)` in f32 to about 1 ulp (no fast-math `ex2.approx`): Cody-Waite
-/// reduction `x = n ln2 + r`, a degree-7 polynomial for `e^r`, then scaling
-/// by `2^n` in two steps so subnormal results stay exact enough.
-#[inline(always)]
-fn expf(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    if x > 88.72283 {
-        return f32::INFINITY;
-    }
-    if x < -103.97208 {
-        return 0.0;
-    }
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let t = x * core::f32::consts::LOG2_E;
-    let n = if t >= 0.0 {
-        (t + 0.5) as i32
-    } else {
-        (t - 0.5) as i32
-    };
-    let nf = n as f32;
-    let r = (x - nf * LN2_HI) - nf * LN2_LO;
-    // e^r on |r| <= 0.35: Taylor to r^7 (truncation < 3e-9 relative).
-    let mut e = 1.0 / 5040.0;
-    e = e * r + 1.0 / 720.0;
-    e = e * r + 1.0 / 120.0;
-    e = e * r + 1.0 / 24.0;
-    e = e * r + 1.0 / 6.0;
-    e = e * r + 0.5;
-    e = e * r + 1.0;
-    e = e * r + 1.0;
-    let n1 = n / 2;
-    let n2 = n - n1;
-    e * pow2(n1) * pow2(n2)
-}
-
-/// `2^k` for `-126 <= k <= 127`.
-#[inline(always)]
-fn pow2(k: i32) -> f32 {
-    f32::from_bits(((k + 127) as u32) << 23)
-}
-
-/// Stage 1 terms of one slot: `(g_t, predict_t)` with
-/// `g_t = -max(target, CLIP) * [predict >= CLIP] * c`.
-#[inline(always)]
-pub(crate) fn score_terms(target: f32, score: f32, log: bool, c: f32) -> (f32, f32) {
-    let (predict, keep) = if log {
-        (expf(score), score >= -100.0)
-    } else {
-        (score, score >= CLIP)
-    };
-    let g = if keep {
-        -(if target > CLIP { target } else { CLIP }) * c
-    } else {
-        0.0
-    };
-    (g, predict)
-}
-
-/// Resolves a slot's key id to a row of the flat `(B*S_k, D)` view of
-/// `index_k`, or -1 for padding (negative or out of range; a local id never
-/// aliases another batch). The host guarantees `B*S_k <= i32::MAX`.
-#[inline(always)]
-pub(crate) fn resolve(id: i32, b: u32, p: &GradParams) -> i32 {
-    if id < 0 {
-        return -1;
-    }
-    if p.flags & FLAG_LOCAL_IDS != 0 {
-        if (id as u32) < p.seq_k {
-            (b * p.seq_k + id as u32) as i32
-        } else {
-            -1
-        }
-    } else if (id as u64) < p.batch as u64 * p.seq_k as u64 {
-        id
-    } else {
-        -1
-    }
-}
 
 /// Byte address of bf16 element `(r, col)` of a shared tile with `cols`
 /// logical columns (rows padded by [`ROW_PAD`]).

@@ -18,6 +18,7 @@
 extern crate std;
 
 pub mod params;
+pub mod score;
 pub mod sm100;
 pub mod sm90;
 pub mod tiles;

@@ -140,6 +140,99 @@ pub struct Sm100SmokeParams {
 /// Name of the sm_100a smoke kernel (only in the sm_100a PTX).
 pub const SM100_SMOKE_KERNEL: &str = "sm100_tcgen05_smoke";
 
+/// A `CUtensorMap` (the driver's opaque 128-byte tensor map, which must be
+/// 64-byte aligned) passed to a kernel by value, as CUDA's
+/// `__grid_constant__` parameters are: the kernel hands its parameter-space
+/// address to `cp.async.bulk.tensor`.
+///
+/// rustc's nvptx64 kernel ABI rejects by-value parameters aligned above 16
+/// bytes, so the type is 16-byte aligned here, the maps sit at multiples
+/// of 64 bytes inside [`Sm100Params`], and the link step raises the
+/// parameter's declared alignment to [`TENSOR_MAP_ALIGN`] in the PTX
+/// (`.param .align 64`, see `xtask/src/link.rs`), which is what makes the
+/// driver place it on a 64-byte boundary.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// Parameters of the sm_100a stage-2 kernels (`sm100_stage2_*`; compiled
+/// and assembled for sm_100a, not executed). The tensor maps come first
+/// (parameter offsets 0 and 128, 64-byte aligned).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sm100Params {
+    /// Gather4 map over `index_k` as `(B*S_k, D)` bf16, box 64 x 1, 128-byte
+    /// swizzle, zero fill (`sm100::tmap::gather_map`).
+    pub k_map: TensorMap,
+    /// Tile map over `index_q` as `(B*S_q*H, D)` bf16, box 64 x H, 128-byte
+    /// swizzle (`sm100::tmap::q_tile_map`).
+    pub q_map: TensorMap,
+    /// Pointers, sizes and scalars, as for the row kernel; `dk_accum` is
+    /// zeroed by the stage-1 kernel of the same `execute`.
+    pub p: GradParams,
+}
+
+/// Alignment of a tensor map in the kernel parameter space.
+pub const TENSOR_MAP_ALIGN: u32 = 64;
+/// The kernels taking [`Sm100Params`], whose parameter alignment the link
+/// step raises to [`TENSOR_MAP_ALIGN`] (sm_100a PTX only).
+pub const SM100_STAGE2_KERNELS: [&str; 6] = [
+    "sm100_stage2_t128_h32",
+    "sm100_stage2_t128_h64",
+    "sm100_stage2_t256_h32",
+    "sm100_stage2_t256_h64",
+    "sm100_stage2_t384_h32",
+    "sm100_stage2_t384_h64",
+];
+
+/// Byte offset of [`Sm100Params::k_map`] in the kernel parameter.
+pub const SM100_K_MAP_OFFSET: u32 = 0;
+/// Byte offset of [`Sm100Params::q_map`] in the kernel parameter.
+pub const SM100_Q_MAP_OFFSET: u32 = 128;
+
+/// Name of the sm_100a stage-1 kernel (score gradient for several rows per
+/// CTA, fused zeroing of the f32 dK accumulator); takes [`GradParams`].
+pub const SM100_STAGE1_KERNEL: &str = "sm100_score_grad";
+/// Threads per CTA of the stage-1 kernel: one warp per query row.
+pub const SM100_STAGE1_THREADS: u32 = 256;
+/// Query rows per stage-1 CTA.
+pub const SM100_STAGE1_ROWS: u32 = SM100_STAGE1_THREADS / 32;
+/// Threads per CTA of the stage-2 kernels: compute warpgroup (warps 0-3),
+/// reduce warpgroup (4-7), K-load warp (8), MMA warp (9).
+pub const SM100_STAGE2_THREADS: u32 = 320;
+/// Heads the stage-2 kernels take (H = 32 zero-padded to the M = 64 tile).
+pub const SM100_HEADS: [u32; 2] = [32, 64];
+/// Slots per row the stage-2 kernels are specialized for.
+pub const SM100_TOPKS: [u32; 3] = [128, 256, 384];
+/// Head dimension of the stage-2 kernels.
+pub const SM100_DIM: u32 = 128;
+
+/// PTX entry name of the stage-2 kernel for `topk` x `heads` (D = 128), or
+/// `None` outside the specializations.
+pub const fn sm100_stage2_kernel_name(topk: u32, heads: u32) -> Option<&'static str> {
+    Some(match (topk, heads) {
+        (128, 32) => "sm100_stage2_t128_h32",
+        (128, 64) => "sm100_stage2_t128_h64",
+        (256, 32) => "sm100_stage2_t256_h32",
+        (256, 64) => "sm100_stage2_t256_h64",
+        (384, 32) => "sm100_stage2_t384_h32",
+        (384, 64) => "sm100_stage2_t384_h64",
+        _ => return None,
+    })
+}
+
+/// Launch bounds of the sm_100a-only kernels (written into the sm_100a PTX
+/// only, see [`LAUNCH_BOUNDS`]): one persistent stage-2 CTA per SM.
+pub const SM100_LAUNCH_BOUNDS: [(&str, u32, u32); 7] = [
+    ("sm100_score_grad", SM100_STAGE1_THREADS, 1),
+    ("sm100_stage2_t128_h32", SM100_STAGE2_THREADS, 1),
+    ("sm100_stage2_t128_h64", SM100_STAGE2_THREADS, 1),
+    ("sm100_stage2_t256_h32", SM100_STAGE2_THREADS, 1),
+    ("sm100_stage2_t256_h64", SM100_STAGE2_THREADS, 1),
+    ("sm100_stage2_t384_h32", SM100_STAGE2_THREADS, 1),
+    ("sm100_stage2_t384_h64", SM100_STAGE2_THREADS, 1),
+];
+
 /// Threads per CTA of the smoke kernel.
 pub const SMOKE_THREADS: u32 = 128;
 /// Dynamic shared memory of the smoke kernel: one mbarrier (8 bytes, padded
@@ -234,5 +327,45 @@ mod tests {
         assert_eq!(core::mem::size_of::<CastParams>(), 24);
         assert_eq!(core::mem::size_of::<SmokeParams>(), 24);
         assert_eq!(core::mem::size_of::<CeilParams>(), 40);
+        assert_eq!(core::mem::size_of::<TensorMap>(), 128);
+        assert_eq!(core::mem::align_of::<TensorMap>(), 16);
+        assert_eq!(SM100_K_MAP_OFFSET % TENSOR_MAP_ALIGN, 0);
+        assert_eq!(SM100_Q_MAP_OFFSET % TENSOR_MAP_ALIGN, 0);
+        assert_eq!(
+            core::mem::offset_of!(Sm100Params, k_map) as u32,
+            SM100_K_MAP_OFFSET
+        );
+        assert_eq!(
+            core::mem::offset_of!(Sm100Params, q_map) as u32,
+            SM100_Q_MAP_OFFSET
+        );
+        assert_eq!(core::mem::offset_of!(Sm100Params, p), 256);
+        assert_eq!(core::mem::size_of::<Sm100Params>(), 256 + 112);
+    }
+
+    #[test]
+    fn every_sm100_specialization_has_a_kernel_and_launch_bounds() {
+        for t in SM100_TOPKS {
+            for h in SM100_HEADS {
+                let name = sm100_stage2_kernel_name(t, h).expect("specialization");
+                assert_eq!(name, std::format!("sm100_stage2_t{t}_h{h}"));
+                assert!(SM100_STAGE2_KERNELS.contains(&name));
+                let b = SM100_LAUNCH_BOUNDS
+                    .iter()
+                    .find(|b| b.0 == name)
+                    .expect(name);
+                assert_eq!((b.1, b.2), (SM100_STAGE2_THREADS, 1));
+            }
+        }
+        assert!(sm100_stage2_kernel_name(512, 64).is_none());
+        assert!(sm100_stage2_kernel_name(128, 16).is_none());
+        assert!(SM100_LAUNCH_BOUNDS
+            .iter()
+            .any(|b| b.0 == SM100_STAGE1_KERNEL && b.1 == SM100_STAGE1_THREADS));
+        assert_eq!(SM100_STAGE2_THREADS, 10 * 32);
+        // No name is in both launch-bound lists (each list must match its PTX).
+        for b in SM100_LAUNCH_BOUNDS {
+            assert!(LAUNCH_BOUNDS.iter().all(|a| a.0 != b.0));
+        }
     }
 }

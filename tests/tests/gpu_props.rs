@@ -59,6 +59,7 @@ fn case(
             } else {
                 GradDtype::Bf16
             },
+            ..Options::default()
         });
     (shape, opts, any::<u64>(), any::<bool>(), any::<bool>())
 }

@@ -129,6 +129,19 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
         bounds.extend(kernels_gpu::params::SM90_LAUNCH_BOUNDS);
     }
     let ptx = add_launch_bounds(&ptx, &bounds)?;
+
+    // The tcgen05 kernels exist only in the sm_100a PTX: their launch
+    // bounds, and 64-byte alignment of the parameter holding tensor maps.
+    let ptx = if cpu == "sm_100a" {
+        let ptx = add_launch_bounds(&ptx, &kernels_gpu::params::SM100_LAUNCH_BOUNDS)?;
+        align_first_param(
+            &ptx,
+            &kernels_gpu::params::SM100_STAGE2_KERNELS,
+            kernels_gpu::params::TENSOR_MAP_ALIGN,
+        )?
+    } else {
+        ptx
+    };
     std::fs::write(&out, ptx).map_err(|e| e.to_string())?;
     Ok(())
 }
@@ -166,6 +179,44 @@ pub fn add_launch_bounds(ptx: &str, bounds: &[(&str, u32, u32)]) -> Result<Strin
     Ok(out)
 }
 
+/// Raises the declared alignment of the first (by-value struct) parameter
+/// of each named kernel to `align` bytes: `.param .align N .b8
+/// <kernel>_param_0[..]` becomes `.param .align <align> ...`. rustc cannot
+/// declare by-value kernel parameters aligned above 16 bytes, but a
+/// `CUtensorMap` inside one must be 64-byte aligned in the parameter space
+/// (see `kernels_gpu::params::TensorMap`); offsets inside the parameter are
+/// unchanged. A named kernel missing from the PTX is an error.
+pub fn align_first_param(ptx: &str, kernels: &[&str], align: u32) -> Result<String, String> {
+    let mut out = String::with_capacity(ptx.len() + 16 * kernels.len());
+    let mut found = 0;
+    for line in ptx.lines() {
+        let t = line.trim_start();
+        let hit = kernels
+            .iter()
+            .any(|k| t.starts_with(".param .align ") && t.contains(&format!(" .b8 {k}_param_0[")));
+        if hit {
+            let rest = t
+                .strip_prefix(".param .align ")
+                .and_then(|r| r.split_once(' '))
+                .map(|(_, r)| r)
+                .ok_or_else(|| format!("unexpected parameter line: {line}"))?;
+            let indent = &line[..line.len() - t.len()];
+            out.push_str(&format!("{indent}.param .align {align} {rest}"));
+            found += 1;
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    if found != kernels.len() {
+        return Err(format!(
+            "parameter alignment: {found} of {} kernels found in the PTX",
+            kernels.len()
+        ));
+    }
+    Ok(out)
+}
+
 fn is_bitcode(p: &Path) -> bool {
     std::fs::read(p)
         .map(|b| b.starts_with(b"BC\xc0\xde"))
@@ -187,5 +238,21 @@ mod tests {
         );
         assert_eq!(out.matches(".maxntid").count(), 1);
         assert!(add_launch_bounds(ptx, &[("k3", 128, 1)]).is_err());
+    }
+
+    #[test]
+    fn first_parameter_alignment_is_raised_only_for_named_kernels() {
+        let ptx = ".visible .entry k1(\n\t.param .align 16 .b8 k1_param_0[368]\n)\n{\n}\n\
+.visible .entry k2(\n\t.param .align 16 .b8 k2_param_0[368]\n)\n{\n}\n";
+        let out = align_first_param(ptx, &["k1"], 64).unwrap();
+        assert!(
+            out.contains("\t.param .align 64 .b8 k1_param_0[368]\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("\t.param .align 16 .b8 k2_param_0[368]\n"),
+            "{out}"
+        );
+        assert!(align_first_param(ptx, &["k3"], 64).is_err());
     }
 }

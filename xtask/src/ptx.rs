@@ -285,6 +285,9 @@ fn dynamic_smem(kernel: &str) -> String {
     use kernels_gpu::params::{
         grad_kernel_name, SMOKE_KERNEL, SMOKE_SMEM_BYTES, SUPPORTED_DIMS, SUPPORTED_HEADS,
     };
+    if kernels_gpu::params::SM100_STAGE2_KERNELS.contains(&kernel) {
+        return kernels_gpu::sm100::budget::SM100_SMEM.to_string();
+    }
     if kernel == SMOKE_KERNEL {
         return SMOKE_SMEM_BYTES.to_string();
     }

@@ -19,6 +19,21 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [x, y, z, w]
 }
 
+/// `st.global.v4.b32`: 16 bytes.
+///
+/// # Safety
+/// `p` must be 16-byte aligned global memory, valid for 16 bytes of writes
+/// that no other thread accesses concurrently.
+#[inline(always)]
+pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
+    // SAFETY: the caller guarantees alignment and validity.
+    unsafe {
+        asm!("st.global.v4.b32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg64) p,
+             x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
+             options(nostack))
+    }
+}
+
 /// `red.global.add.f32`: atomic add without a return value.
 ///
 /// # Safety
@@ -46,21 +61,6 @@ pub unsafe fn red_add_v4_f32(p: *mut f32, v: [f32; 4]) {
         asm!("red.global.add.v4.f32 [{p}], {{{x}, {y}, {z}, {w}}};",
              p = in(reg64) p, x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2],
              w = in(reg32) v[3], options(nostack))
-    }
-}
-
-/// `st.global.v4.b32`: 16 bytes.
-///
-/// # Safety
-/// `p` must be 16-byte aligned global memory, valid for 16 bytes of writes
-/// that no other thread accesses concurrently.
-#[inline(always)]
-pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
-    // SAFETY: the caller guarantees alignment and validity.
-    unsafe {
-        asm!("st.global.v4.b32 [{p}], {{{x}, {y}, {z}, {w}}};", p = in(reg64) p,
-             x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
-             options(nostack))
     }
 }
 

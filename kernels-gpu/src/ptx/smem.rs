@@ -69,6 +69,21 @@ pub unsafe fn st_u32(a: SmemAddr, v: u32) {
     }
 }
 
+/// `st.shared.v4.b32`: 16 bytes.
+///
+/// # Safety
+/// `a` must be 16-byte aligned and inside the launch's dynamic shared
+/// memory, and no other thread may access those bytes concurrently.
+#[inline(always)]
+pub unsafe fn st_v4_u32(a: SmemAddr, v: [u32; 4]) {
+    // SAFETY: the caller guarantees an aligned in-bounds, unshared address.
+    unsafe {
+        asm!("st.shared.v4.b32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) a.0,
+             x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
+             options(nostack))
+    }
+}
+
 /// `st.shared.f32`.
 ///
 /// # Safety

@@ -16,6 +16,19 @@ pub unsafe fn bar_sync() {
     unsafe { asm!("barrier.sync 0;", options(nostack)) }
 }
 
+/// `bar.warp.sync 0xffffffff`: the 32 lanes of the warp reconverge here,
+/// and memory accesses of each lane before it are ordered before those of
+/// every lane after it.
+///
+/// # Safety
+/// All 32 lanes of the warp must reach it.
+#[inline(always)]
+pub unsafe fn warp_sync() {
+    // SAFETY: the caller guarantees full-warp participation. Not `pure` and
+    // no `nomem`: a collective that orders memory.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
+}
+
 /// `shfl.sync.bfly.b32` over the full warp: the value of lane `lane ^ mask`.
 ///
 /// # Safety

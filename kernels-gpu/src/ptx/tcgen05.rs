@@ -125,6 +125,29 @@ pub unsafe fn ld_32x32b_x8(taddr: TmemAddr) -> [u32; 8] {
     [r0, r1, r2, r3, r4, r5, r6, r7]
 }
 
+/// `tcgen05.ld.sync.aligned.32x32b.x16.b32`: as [`ld_32x32b_x8`], 16
+/// consecutive columns per lane.
+///
+/// # Safety
+/// As [`ld_32x32b_x8`].
+#[inline(always)]
+pub unsafe fn ld_32x32b_x16(taddr: TmemAddr) -> [u32; 16] {
+    let mut r = [0u32; 16];
+    // SAFETY: forwarded from the caller. Not `pure`: a warp collective
+    // (see `ptx::sync::shfl_xor_f32`).
+    unsafe {
+        asm!(
+            "tcgen05.ld.sync.aligned.32x32b.x16.b32 {{{r0}, {r1}, {r2}, {r3}, {r4}, {r5}, {r6}, {r7}, {r8}, {r9}, {r10}, {r11}, {r12}, {r13}, {r14}, {r15}}}, [{t}];",
+            r0 = out(reg32) r[0], r1 = out(reg32) r[1], r2 = out(reg32) r[2], r3 = out(reg32) r[3],
+            r4 = out(reg32) r[4], r5 = out(reg32) r[5], r6 = out(reg32) r[6], r7 = out(reg32) r[7],
+            r8 = out(reg32) r[8], r9 = out(reg32) r[9], r10 = out(reg32) r[10], r11 = out(reg32) r[11],
+            r12 = out(reg32) r[12], r13 = out(reg32) r[13], r14 = out(reg32) r[14], r15 = out(reg32) r[15],
+            t = in(reg32) taddr.0, options(nostack),
+        );
+    }
+    r
+}
+
 /// `tcgen05.wait::ld.sync.aligned`: this thread's tensor-memory loads are done.
 #[inline(always)]
 pub fn wait_ld() {

@@ -41,3 +41,53 @@ pub unsafe fn gather4(dst: SmemAddr, tmap: *const u8, col: i32, rows: [i32; 4], 
         )
     }
 }
+
+/// `cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes`:
+/// one box of a 2D tensor map whose first element is at `(c0, c1)`
+/// (innermost coordinate first) lands at `dst`, laid out (and swizzled) as
+/// the map says; out-of-bounds elements are zero-filled. The bytes count
+/// toward `bar`'s transaction count. **Compiled for sm_100a, not executed.**
+///
+/// # Safety
+/// `tmap` is the generic address of a valid 64-byte aligned `CUtensorMap`
+/// (kernel parameter, constant or global memory) that stays unchanged while
+/// the grid runs; `dst` is shared memory of the box size, aligned as the
+/// map's swizzle requires (1024 bytes for the 128-byte swizzle); `bar`
+/// expects the bytes ([`arrive_expect_tx`]).
+#[inline(always)]
+pub unsafe fn load_2d(dst: SmemAddr, tmap: u64, c0: i32, c1: i32, bar: SmemAddr) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{c0}, {c1}}}], [{b}];",
+            d = in(reg32) dst.0, m = in(reg64) tmap, c0 = in(reg32) c0, c1 = in(reg32) c1,
+            b = in(reg32) bar.0, options(nostack),
+        )
+    }
+}
+
+/// Generic address of the first by-value parameter of the kernel named by
+/// the string literal `$kernel` (`<kernel>_param_0` in the PTX, the name
+/// LLVM gives it): `mov.b64` of the parameter symbol, then
+/// `cvta.param.u64`. This is how a `CUtensorMap` passed by value (CUDA's
+/// `__grid_constant__`) is handed to `cp.async.bulk.tensor`, whose
+/// `tensorMap` operand is a generic address into the parameter space.
+/// Use it only inside the kernel it names; the result is read-only memory.
+#[cfg(kernels_arch = "sm_100a")]
+macro_rules! param0_generic_addr {
+    ($kernel:expr) => {{
+        let r: u64;
+        // SAFETY: takes the address of this kernel's own parameter; no
+        // memory is accessed.
+        unsafe {
+            core::arch::asm!(
+                concat!("mov.b64 {r}, ", $kernel, "_param_0;\n\tcvta.param.u64 {r}, {r};"),
+                r = out(reg64) r,
+                options(pure, nomem, nostack),
+            )
+        };
+        r
+    }};
+}
+#[cfg(kernels_arch = "sm_100a")]
+pub(crate) use param0_generic_addr;

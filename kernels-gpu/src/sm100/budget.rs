@@ -30,22 +30,67 @@ pub const TMEM_ALLOC: u32 = TMEM_USED.next_power_of_two();
 const _: () = assert!(TMEM_ALLOC <= TMEM_COLUMNS && TMEM_ALLOC >= 32);
 const _: () = assert!(TMEM_ALLOC.is_power_of_two());
 
-/// Shared memory of one pipeline stage: the chunk's gathered K rows (bf16).
-pub const SMEM_K_STAGE: u32 = SM100_CHUNK * SM100_DIM * 2;
-/// q of the row (bf16, head tile x D).
-pub const SMEM_Q: u32 = SM100_HEAD_TILE * SM100_DIM * 2;
-/// dS of the chunk (bf16, head tile x chunk).
-pub const SMEM_DS: u32 = SM100_HEAD_TILE * SM100_CHUNK * 2;
-/// dK staging for the bulk reduction (f32, chunk x D).
-pub const SMEM_DK_STAGE: u32 = SM100_CHUNK * SM100_DIM * 4;
+/// Bytes of one 128-byte-swizzled region: `rows` rows of 64 bf16 (128 B).
+pub const fn sw128_region(rows: u32) -> u32 {
+    rows * 128
+}
+
+/// Shared memory of one K pipeline stage: the chunk's gathered K rows (bf16),
+/// as two 128-row regions (D columns 0..64 and 64..128), 128-byte swizzle.
+pub const SMEM_K_STAGE: u32 = 2 * SMEM_K_REGION;
+/// One K region (128 slots x 64 columns).
+pub const SMEM_K_REGION: u32 = sw128_region(SM100_CHUNK);
+/// q of one row (bf16, head tile x D) as two 64-row regions.
+pub const SMEM_Q: u32 = 2 * SMEM_Q_REGION;
+/// One q region (64 heads x 64 columns).
+pub const SMEM_Q_REGION: u32 = sw128_region(SM100_HEAD_TILE);
+/// dS of the chunk (bf16, head tile x chunk) as two 64-row regions (slots
+/// 0..64 and 64..128).
+pub const SMEM_DS: u32 = 2 * SMEM_DS_REGION;
+/// One dS region (64 heads x 64 slots).
+pub const SMEM_DS_REGION: u32 = sw128_region(SM100_HEAD_TILE);
+/// Padding of a staged dK row, in f32: rows 16 bytes apart in bank terms,
+/// so the 8 lanes of one `st.shared.v4` phase hit different banks; keeps
+/// rows 16-byte aligned for the bulk reduction.
+pub const DK_ROW_PAD: u32 = 4;
+/// Bytes of one staged dK row.
+pub const DK_ROW_BYTES: u32 = (SM100_DIM + DK_ROW_PAD) * 4;
+/// dK staging for the bulk reduction (f32, chunk x D, padded rows).
+pub const SMEM_DK_STAGE: u32 = SM100_CHUNK * DK_ROW_BYTES;
 /// K pipeline depth.
 pub const K_STAGES: u32 = 2;
-/// Total dynamic shared memory (plus 1 KiB for barriers and row ids).
-pub const SM100_SMEM: u32 = K_STAGES * SMEM_K_STAGE + SMEM_Q + SMEM_DS + SMEM_DK_STAGE + 1024;
+/// q buffers (the next row's q loads while the current row finishes).
+pub const Q_STAGES: u32 = 2;
+/// Per K stage: resolved key row (i32, -1 for padding) and grad_signal (f32)
+/// of each slot.
+pub const SMEM_META_STAGE: u32 = SM100_CHUNK * 8;
+
+/// Byte offsets of the stage-2 kernel's shared memory (from the 1024-byte
+/// aligned dynamic shared-memory base). Swizzled regions first, each on a
+/// 1024-byte boundary (the 128-byte swizzle's repeating pattern).
+pub const OFF_K: u32 = 0;
+/// See [`OFF_K`].
+pub const OFF_Q: u32 = OFF_K + K_STAGES * SMEM_K_STAGE;
+/// See [`OFF_K`].
+pub const OFF_DS: u32 = OFF_Q + Q_STAGES * SMEM_Q;
+/// See [`OFF_K`].
+pub const OFF_DK: u32 = OFF_DS + SMEM_DS;
+/// See [`OFF_K`].
+pub const OFF_META: u32 = OFF_DK + SMEM_DK_STAGE;
+/// mbarriers (8 bytes each) and the tensor-memory address slot.
+pub const OFF_BARS: u32 = OFF_META + K_STAGES * SMEM_META_STAGE;
+/// Bytes reserved for barriers and the tensor-memory slot.
+pub const SMEM_BARS: u32 = 256;
+/// Total dynamic shared memory of the stage-2 kernel.
+pub const SM100_SMEM: u32 = OFF_BARS + SMEM_BARS;
 /// Shared memory one sm_100 CTA may use (227 KiB).
 pub const SMEM_LIMIT_SM100: u32 = 227 * 1024;
 
 const _: () = assert!(SM100_SMEM <= SMEM_LIMIT_SM100);
+const _: () =
+    assert!(OFF_Q.is_multiple_of(1024) && OFF_DS.is_multiple_of(1024) && OFF_DK.is_multiple_of(16));
+const _: () = assert!(SMEM_K_REGION.is_multiple_of(1024) && SMEM_Q_REGION.is_multiple_of(1024));
+const _: () = assert!(DK_ROW_BYTES.is_multiple_of(16) && OFF_BARS.is_multiple_of(8));
 
 #[cfg(test)]
 mod tests {
@@ -71,9 +116,24 @@ mod tests {
     #[test]
     fn shared_memory_plan_fits() {
         assert_eq!(SMEM_K_STAGE, 32 * 1024);
+        assert_eq!(SMEM_Q, 16 * 1024);
+        assert_eq!(SMEM_DS, 16 * 1024);
+        assert_eq!(SMEM_DK_STAGE, 128 * 528);
         assert_eq!(
             SM100_SMEM,
-            2 * 32 * 1024 + 16 * 1024 + 16 * 1024 + 64 * 1024 + 1024
+            2 * 32 * 1024 + 2 * 16 * 1024 + 16 * 1024 + 128 * 528 + 2 * 1024 + 256
         );
+        // Regions are disjoint and in order.
+        let regions = [
+            (OFF_K, K_STAGES * SMEM_K_STAGE),
+            (OFF_Q, Q_STAGES * SMEM_Q),
+            (OFF_DS, SMEM_DS),
+            (OFF_DK, SMEM_DK_STAGE),
+            (OFF_META, K_STAGES * SMEM_META_STAGE),
+            (OFF_BARS, SMEM_BARS),
+        ];
+        for w in regions.windows(2) {
+            assert_eq!(w[0].0 + w[0].1, w[1].0);
+        }
     }
 }

@@ -81,8 +81,9 @@ pub enum Major {
 /// - bits 30..32: max shift (0: not a .ws instruction)
 ///
 /// Panics (at compile time when const-evaluated) on shapes the
-/// instruction does not support with cta_group::1: M in {64, 128}, N a
-/// multiple of 8 (M = 64) or 16 (M = 128) in 8..=256.
+/// instruction does not support with dense `cta_group::1` (PTX ISA,
+/// tcgen05 "Matrix Shape" table): M in {64, 128}, N a multiple of 8 in
+/// 8..=256 (the step of 16 applies to `cta_group::2` only).
 pub const fn instr_desc_f16(
     m: u32,
     n: u32,
@@ -96,10 +97,7 @@ pub const fn instr_desc_f16(
         "cta_group::1 kind::f16 supports M = 64 or 128"
     );
     assert!(n >= 8 && n <= 256, "N must be in 8..=256");
-    assert!(
-        n.is_multiple_of(if m == 64 { 8 } else { 16 }),
-        "N step is 8 (M=64) or 16 (M=128)"
-    );
+    assert!(n.is_multiple_of(8), "N step is 8");
     ((d as u32) << 4)
         | ((ab as u32) << 7)
         | ((ab as u32) << 10)
@@ -115,6 +113,59 @@ pub const fn instr_desc_f16(
 /// matrices adjacent along rows. These `lbo`/`sbo` go into [`smem_desc`].
 pub const fn kmajor_offset(row: u32, k: u32, lbo: u32, sbo: u32) -> u32 {
     (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2
+}
+
+/// Bytes of one 128-byte swizzle atom (8 rows of 128 bytes); also the SBO
+/// of every 128-byte-swizzled operand here (8-row groups packed densely).
+pub const SW128_ATOM: u32 = 1024;
+
+/// Descriptor of a K-major operand in the 128-byte-swizzled canonical
+/// layout: rows 128 bytes apart, 8-row groups [`SW128_ATOM`] apart (SBO);
+/// LBO is unused for swizzled K-major layouts ("assumed 1": encoded 1).
+pub const fn sw128_kmajor(start: u32) -> u64 {
+    smem_desc(start, 16, SW128_ATOM, Swizzle::B128)
+}
+
+/// Descriptor of an MN-major operand in the 128-byte-swizzled canonical
+/// layout: 64 MN-contiguous bf16 per 128-byte row, K rows 128 bytes apart,
+/// 8-row K groups [`SW128_ATOM`] apart (SBO), and `lbo` bytes from one
+/// 64-element MN block to the next (the ISA's LBO for swizzled MN-major
+/// layouts: "stride from the first (swizzle-byte-size/16) rows to the next").
+pub const fn sw128_mnmajor(start: u32, lbo: u32) -> u64 {
+    smem_desc(start, lbo, SW128_ATOM, Swizzle::B128)
+}
+
+/// Start-address offset of MMA K step `ks` (16 bf16 per step) of a K-major
+/// 128-byte-swizzled operand stored as regions of 64 K-columns,
+/// `region_bytes` apart: 32 bytes per step inside an atom row.
+pub const fn kmajor_step(ks: u32, region_bytes: u32) -> u32 {
+    (ks / 4) * region_bytes + (ks % 4) * 32
+}
+
+/// Start-address offset of MMA K step `ks` of an MN-major 128-byte-swizzled
+/// operand: 16 K rows are two whole atoms.
+pub const fn mnmajor_step(ks: u32) -> u32 {
+    ks * 2 * SW128_ATOM
+}
+
+/// The 128-byte swizzle as the hardware applies it to a shared-memory
+/// address (pattern repeating every 1024 bytes): bits 4..7 ^= bits 7..10.
+pub const fn swizzle128(addr: u32) -> u32 {
+    addr ^ (((addr >> 7) & 7) << 4)
+}
+
+/// Address of element `(m, kk)` (`kk` < 16, one MMA K step) of a K-major
+/// 128-byte-swizzled operand described by start address `start` and `sbo`,
+/// as the canonical layout `((8, m), (64, k)) : ((128 B, SBO), (2 B, -))`
+/// defines it (swizzle applied to the address).
+pub const fn model_kmajor(start: u32, sbo: u32, m: u32, kk: u32) -> u32 {
+    swizzle128(start + (m / 8) * sbo + (m % 8) * 128 + kk * 2)
+}
+
+/// Address of element `(mn, kk)` (`kk` < 16) of an MN-major 128-byte
+/// swizzled operand: `((64, n), (8, k)) : ((2 B, LBO), (128 B, SBO))`.
+pub const fn model_mnmajor(start: u32, lbo: u32, sbo: u32, mn: u32, kk: u32) -> u32 {
+    swizzle128(start + (mn / 64) * lbo + (kk / 8) * sbo + (kk % 8) * 128 + (mn % 64) * 2)
 }
 
 #[cfg(test)]
@@ -165,8 +216,17 @@ mod tests {
 
     #[test]
     #[should_panic]
-    fn n_not_a_multiple_of_16_with_m128_is_rejected() {
-        let _ = instr_desc_f16(128, 24, F16Kind::Bf16, Accum::F32, Major::K, Major::K);
+    fn n_not_a_multiple_of_8_is_rejected() {
+        let _ = instr_desc_f16(128, 20, F16Kind::Bf16, Accum::F32, Major::K, Major::K);
+    }
+
+    #[test]
+    fn n_in_steps_of_8_is_accepted_for_both_m() {
+        // cta_group::1 dense kind::f16: N = 8, 16, 24, ... 256 for M = 64 and 128.
+        let i = instr_desc_f16(128, 24, F16Kind::Bf16, Accum::F32, Major::K, Major::K);
+        assert_eq!((i >> 17) & 0x3f, 3);
+        let j = instr_desc_f16(64, 256, F16Kind::Bf16, Accum::F32, Major::K, Major::K);
+        assert_eq!((j >> 17) & 0x3f, 32);
     }
 
     #[test]
@@ -190,5 +250,32 @@ mod tests {
             kmajor_offset(9, 7, lbo, sbo) - kmajor_offset(9, 0, lbo, sbo),
             14
         );
+    }
+
+    #[test]
+    fn sw128_descriptors_encode_the_isa_fields() {
+        let k = sw128_kmajor(0x8000);
+        assert_eq!(k & 0x3fff, 0x800);
+        assert_eq!((k >> 16) & 0x3fff, 1, "LBO unused for swizzled K-major: 1");
+        assert_eq!((k >> 32) & 0x3fff, 1024 >> 4);
+        assert_eq!(k >> 61, 2);
+        let m = sw128_mnmajor(0x8000, 16384);
+        assert_eq!((m >> 16) & 0x3fff, 16384 >> 4);
+        assert_eq!((m >> 32) & 0x3fff, 1024 >> 4);
+        assert_eq!((m >> 46) & 7, 1);
+        assert_eq!(kmajor_step(5, 8192), 8192 + 32);
+        assert_eq!(mnmajor_step(3), 3 * 2048);
+    }
+
+    #[test]
+    fn swizzle128_matches_the_tma_image() {
+        for row in 0..128u32 {
+            for col in 0..64u32 {
+                assert_eq!(
+                    swizzle128(row * 128 + col * 2),
+                    crate::sm100::tmap::swizzle128_offset(row, col)
+                );
+            }
+        }
     }
 }

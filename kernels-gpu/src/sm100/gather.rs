@@ -2,9 +2,10 @@
 //!
 //! A gather4 load fetches four rows of the 2D `(B*S_k, D)` view of
 //! `index_k` by row coordinate. Padding slots get the coordinate `B*S_k`
-//! (one past the last row): the TMA unit zero-fills out-of-bounds rows, so
-//! padded slots contribute exact zeros to S without a branch, and the
-//! validity mask removes them from dS. A local id is checked against its
+//! (one past the last row), which marks them invalid; the stage-2 kernel
+//! then gathers row 0 for them ([`tma_row`]) rather than relying on how
+//! TMA treats out-of-bounds gather4 rows, and the validity mask removes
+//! them from dS, d_weights and the dK scatter. A local id is checked against its
 //! own batch before `b * S_k` is added, so it never aliases the next batch.
 
 /// Key-id convention, as in `params::FLAG_LOCAL_IDS`.
@@ -41,6 +42,20 @@ pub const fn row_coord(id: i32, b: u32, batch: u32, seq_k: u32, ids: Ids) -> i32
     }
 }
 
+/// Row coordinate actually handed to `tile::gather4` for a slot whose
+/// [`row_coord`] is `coord`: padding (`coord == oob`) reads row 0 instead
+/// of an out-of-bounds row, so the kernel does not depend on how the TMA
+/// unit treats out-of-bounds gather4 rows; the slot's validity flag (from
+/// `coord`) then zeroes its dS, so row 0 contributes nothing. The host
+/// guarantees `B*S_k >= 1`.
+pub const fn tma_row(coord: i32, oob: i32) -> i32 {
+    if coord == oob {
+        0
+    } else {
+        coord
+    }
+}
+
 /// Coordinates of one gather4 load: slots `4*g .. 4*g+4` of a chunk.
 pub fn gather4_coords(ids: &[i32; 4], b: u32, batch: u32, seq_k: u32, conv: Ids) -> [i32; 4] {
     [
@@ -71,5 +86,19 @@ mod tests {
         assert_eq!(row_coord(10, 0, batch, seq_k, Ids::Local), oob);
         assert_eq!(row_coord(i32::MAX, 2, batch, seq_k, Ids::Local), oob);
         assert_eq!(row_coord(i32::MIN, 0, batch, seq_k, Ids::Global), oob);
+    }
+
+    #[test]
+    fn padding_reads_row_zero_and_valid_rows_are_unchanged() {
+        let (batch, seq_k) = (2u32, 10u32);
+        let oob = 20;
+        let ids = [-1, 19, 20, 3];
+        let coords = gather4_coords(&ids, 1, batch, seq_k, Ids::Global);
+        let rows = coords.map(|c| tma_row(c, oob));
+        assert_eq!(rows, [0, 19, 0, 3]);
+        // Validity comes from the coordinate, not from the TMA row.
+        assert_eq!(coords.map(|c| c != oob), [false, true, false, true]);
+        let local = gather4_coords(&[9, 10, 0, -5], 1, batch, seq_k, Ids::Local);
+        assert_eq!(local.map(|c| tma_row(c, oob)), [19, 0, 10, 0]);
     }
 }

@@ -31,6 +31,59 @@ pub const fn grid(sms: u32, items: u32) -> u32 {
     }
 }
 
+/// Number of CTA rows `rows_of(cta, ctas, rows)` yields.
+pub const fn rows_of_count(cta: u32, ctas: u32, rows: u32) -> u32 {
+    if cta >= rows || ctas == 0 {
+        0
+    } else {
+        (rows - cta).div_ceil(ctas)
+    }
+}
+
+/// 128-slot chunks of one row for the `topk` specializations (128, 256,
+/// 384); `None` for any other topk (those use the `mma.sync` kernels).
+pub const fn chunks_per_row(topk: u32) -> Option<u32> {
+    match topk {
+        128 | 256 | 384 => Some(topk / 128),
+        _ => None,
+    }
+}
+
+/// Position in a ring of `stages` buffers guarded by `full`/`empty`
+/// mbarrier pairs, for the `n`-th use (0-based) of the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// Buffer index, `n % stages`.
+    pub index: u32,
+    /// Parity a consumer waits for on the buffer's `full` barrier: the
+    /// buffer's `n / stages`-th phase completion.
+    pub full_parity: u32,
+    /// Parity the producer waits for on the buffer's `empty` barrier before
+    /// refilling it (the consumers' release of its previous use), or `None`
+    /// for the first use of each buffer.
+    pub empty_parity: Option<u32>,
+}
+
+/// [`Slot`] of the `n`-th use of a ring of `stages` buffers.
+pub const fn slot(n: u32, stages: u32) -> Slot {
+    let round = n / stages;
+    Slot {
+        index: n % stages,
+        full_parity: round & 1,
+        empty_parity: if round == 0 {
+            None
+        } else {
+            Some((round - 1) & 1)
+        },
+    }
+}
+
+/// Parity to wait for on a barrier that completes once per event, for the
+/// `n`-th event (0-based).
+pub const fn parity(n: u32) -> u32 {
+    n & 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +114,85 @@ mod tests {
         assert_eq!(items(5, 2), 3);
         assert_eq!(grid(132, 4096), 132);
         assert_eq!(grid(132, 7), 7);
+    }
+
+    #[test]
+    fn row_counts_match_the_iterator() {
+        for (rows, ctas) in [(1u32, 148u32), (8192, 148), (149, 148), (7, 3), (0, 5)] {
+            for c in 0..ctas {
+                assert_eq!(
+                    rows_of_count(c, ctas, rows) as usize,
+                    rows_of(c, ctas, rows).count(),
+                    "rows {rows} ctas {ctas} cta {c}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn specializations_have_one_to_three_chunks() {
+        assert_eq!(chunks_per_row(128), Some(1));
+        assert_eq!(chunks_per_row(256), Some(2));
+        assert_eq!(chunks_per_row(384), Some(3));
+        for t in [0, 64, 127, 129, 512, 2048] {
+            assert_eq!(chunks_per_row(t), None, "{t}");
+        }
+    }
+
+    /// An mbarrier as the ISA describes it for parity waits: `try_wait.parity p`
+    /// succeeds once the phase with parity `p` has completed, i.e. when the
+    /// current phase's parity differs from `p`.
+    struct Bar {
+        completed: u32,
+    }
+    impl Bar {
+        fn try_wait(&self, p: u32) -> bool {
+            self.completed & 1 != p
+        }
+    }
+
+    #[test]
+    fn ring_parities_block_until_the_right_phase() {
+        // Per specialization: one K ring of 2 stages used once per chunk, one
+        // q ring of 2 used once per row, over a CTA's rows.
+        for topk in [128u32, 256, 384] {
+            let nch = chunks_per_row(topk).unwrap();
+            let rows = rows_of_count(5, 148, 8192);
+            let uses = rows * nch;
+            for stages in [2u32, 3] {
+                let mut full = std::vec::Vec::new();
+                let mut empty = std::vec::Vec::new();
+                for _ in 0..stages {
+                    full.push(Bar { completed: 0 });
+                    empty.push(Bar { completed: 0 });
+                }
+                for n in 0..uses {
+                    let s = slot(n, stages);
+                    assert_eq!(s.index, n % stages);
+                    let i = s.index as usize;
+                    // Producer: must block until the previous use was released.
+                    if let Some(p) = s.empty_parity {
+                        assert!(!empty[i].try_wait(p), "use {n}: empty passed early");
+                        empty[i].completed += 1;
+                        assert!(empty[i].try_wait(p), "use {n}: empty never passes");
+                    } else {
+                        assert_eq!(n / stages, 0);
+                    }
+                    // Consumer: blocks until this use is filled.
+                    assert!(
+                        !full[i].try_wait(s.full_parity),
+                        "use {n}: full passed early"
+                    );
+                    full[i].completed += 1;
+                    assert!(full[i].try_wait(s.full_parity));
+                }
+            }
+        }
+        for n in 0..8 {
+            let b = Bar { completed: n };
+            assert!(!b.try_wait(parity(n)));
+            let b = Bar { completed: n + 1 };
+            assert!(b.try_wait(parity(n)));
+        }
     }
 }

@@ -52,6 +52,20 @@ pub fn gather_map(key_rows: u64, dim: u32, inner: u32) -> Result<Map2d, MapError
     })
 }
 
+/// Tile map over `index_q` viewed as `(B*S_q*H, D)` bf16 for the stage-2
+/// kernel's q loads: one box is `inner` columns x `heads` rows (one query
+/// row's heads, one 64-column half of D), 128-byte swizzle. For H = 32 the
+/// box fills rows 0..32 of the 64-row q region; rows 32..64 stay zero (the
+/// zero padding of the M = 64 tile).
+pub fn q_tile_map(q_rows: u64, dim: u32, inner: u32, heads: u32) -> Result<Map2d, MapError> {
+    let mut m = gather_map(q_rows, dim, inner)?;
+    if heads == 0 || heads > 256 {
+        return Err(MapError::BoxExtent);
+    }
+    m.box_dims = [inner, heads];
+    Ok(m)
+}
+
 /// Byte offset of bf16 element `(row, col)` (col < 64) inside a tile that
 /// TMA wrote with the 128-byte swizzle: rows are 128 bytes apart and the
 /// 16-byte chunk index is XORed with `row % 8`.
@@ -74,6 +88,23 @@ mod tests {
         assert_eq!(gather_map(10, 128, 128), Err(MapError::BoxTooWide));
         assert_eq!(gather_map(10, 4, 4), Err(MapError::RowPitch));
         assert_eq!(gather_map(10, 128, 0), Err(MapError::BoxExtent));
+    }
+
+    #[test]
+    fn q_map_boxes_one_rows_heads() {
+        let m = q_tile_map(8192 * 64, 128, 64, 64).unwrap();
+        assert_eq!(m.dims, [128, 8192 * 64]);
+        assert_eq!(m.row_stride, 256);
+        assert_eq!(m.box_dims, [64, 64]);
+        // One box is one 64-row q region of the kernel (H = 64) or half of it.
+        assert_eq!(
+            m.box_dims[0] * m.box_dims[1] * 2,
+            crate::sm100::budget::SMEM_Q_REGION
+        );
+        let h32 = q_tile_map(100 * 32, 128, 64, 32).unwrap();
+        assert_eq!(h32.box_dims, [64, 32]);
+        assert_eq!(q_tile_map(10, 128, 64, 0), Err(MapError::BoxExtent));
+        assert_eq!(q_tile_map(10, 128, 128, 64), Err(MapError::BoxTooWide));
     }
 
     #[test]

@@ -10,9 +10,9 @@
 //! a fixed butterfly, so grad_signal is bitwise reproducible run to run.
 
 use super::{DIM, STAGE1_ROWS, STAGE1_THREADS};
-use crate::grad::score_terms;
 use crate::params::{GradParams, FLAG_LOG_SCORE};
 use crate::ptx::{global, griddep, sreg, sync};
+use crate::score::score_terms;
 
 /// Launch: grid `ceil(B*S_q / STAGE1_ROWS)` of [`STAGE1_THREADS`] threads,
 /// no dynamic shared memory.

@@ -25,10 +25,10 @@ use super::{
     desc, rows_of, swizzle, ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, Q_BLOCK,
     Q_BYTES, ROW_BYTES, SMEM, THREADS,
 };
-use crate::grad::resolve;
 use crate::params::{GradParams, FLAG_DW_F32};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, global, griddep, sreg, sync, wgmma};
+use crate::score::resolve;
 
 const WARPS: u32 = THREADS / 32;
 /// Staged dK rows each warp reduces per chunk.

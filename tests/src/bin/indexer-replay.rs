@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p indexer-tests --bin indexer-replay -- IN.safetensors OUT.safetensors
 //!     [--ids global|local] [--sm-scale F] [--loss-coeff F] [--grad-loss F]
-//!     [--log-score] [--dk f32|bf16] [--dw bf16|f32] [--cpu] [--check]
+//!     [--log-score] [--dk f32|bf16] [--dw bf16|f32] [--backend auto|hopper|blackwell]
+//!     [--cpu] [--check]
 //! ```
 //!
 //! Inputs: `index_q` bf16 (B,S_q,H,D), `weights` bf16 (B,S_q,H), `index_k`
@@ -17,7 +18,7 @@
 
 use dsa_indexer_bwd::cpu::{self, HostInputs};
 use dsa_indexer_bwd::oneshot::{self, GradVec};
-use dsa_indexer_bwd::{bf16, GradDtype, KeyIds, Options, ScoreKind, Shape};
+use dsa_indexer_bwd::{bf16, Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 use safetensors::{Dtype, SafeTensors};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -153,6 +154,11 @@ fn main() -> Res<()> {
             GradDtype::F32
         } else {
             GradDtype::Bf16
+        },
+        backend: match flag(&args, "--backend") {
+            Some("hopper") => Backend::Hopper,
+            Some("blackwell") => Backend::Blackwell,
+            _ => Backend::Auto,
         },
     };
     let (qv, wv, kv) = (bf16s(q.data()), bf16s(w.data()), bf16s(k.data()));

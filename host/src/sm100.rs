@@ -1,0 +1,360 @@
+//! The Blackwell (sm_100a) path: backend selection, tensor-map encoding and
+//! the two launches (stage 1, then stage 2 as its programmatic dependent).
+//! **Compiled and assembled for sm_100a, not executed** (no such GPU has
+//! been available); the selection and the tensor-map geometry are
+//! unit-tested here.
+
+use crate::error::{Error, Result};
+use crate::gpu;
+use crate::shape::{Backend, Shape};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use kernels_gpu::params::{
+    sm100_stage2_kernel_name, GradParams, Sm100Params, TensorMap, SM100_DIM, SM100_HEADS,
+    SM100_STAGE1_KERNEL, SM100_STAGE1_ROWS, SM100_STAGE1_THREADS, SM100_STAGE2_THREADS,
+    SM100_TOPKS,
+};
+use kernels_gpu::sm100::budget::SM100_SMEM;
+use kernels_gpu::sm100::sched;
+use kernels_gpu::sm100::tmap::{gather_map, q_tile_map, Map2d};
+use std::sync::Arc;
+
+/// Columns of one TMA box row (the 128-byte swizzle span of bf16).
+const BOX_INNER: u32 = 64;
+
+/// Why the tcgen05 kernels cannot take `shape`, or `None` when they can.
+pub fn blackwell_shape_gap(shape: &Shape) -> Option<&'static str> {
+    let in_list = |v: usize, list: &[u32]| list.iter().any(|&x| x as usize == v);
+    if !in_list(shape.heads, &SM100_HEADS)
+        || shape.head_dim != SM100_DIM as usize
+        || !in_list(shape.topk, &SM100_TOPKS)
+    {
+        return Some("shape outside the tcgen05 specializations (H in {32, 64}, D = 128, topk in {128, 256, 384})");
+    }
+    // q rows are TMA coordinates (i32).
+    if shape
+        .rows()
+        .checked_mul(shape.heads)
+        .is_none_or(|v| v > i32::MAX as usize)
+    {
+        return Some("B * S_q * H must stay below 2^31 for the q tensor map");
+    }
+    None
+}
+
+/// The backend a plan uses on a GPU of compute capability `major.minor`:
+/// [`Backend::Hopper`] (the `mma.sync` row kernels) or
+/// [`Backend::Blackwell`] (the tcgen05 kernels), never `Auto`.
+///
+/// - sm_90: `Auto`/`Hopper` -> Hopper; `Blackwell` -> error.
+/// - sm_100 / sm_103: `Auto` -> Blackwell when [`blackwell_shape_gap`] finds
+///   nothing, else Hopper; `Hopper` -> Hopper; `Blackwell` -> Blackwell or
+///   an error naming the shape gap.
+/// - any other GPU: [`Error::UnsupportedDevice`].
+pub fn select_backend(
+    major: i32,
+    minor: i32,
+    shape: &Shape,
+    requested: Backend,
+) -> Result<Backend> {
+    let blackwell_gpu = match (major, minor) {
+        (9, _) => false,
+        (10, 0) | (10, 3) => true,
+        (10, _) => false,
+        _ => return Err(Error::UnsupportedDevice { major, minor }),
+    };
+    let unavailable = |reason| Error::BackendUnavailable {
+        backend: Backend::Blackwell.name(),
+        reason,
+        major,
+        minor,
+    };
+    match requested {
+        Backend::Hopper => Ok(Backend::Hopper),
+        Backend::Auto => Ok(if blackwell_gpu && blackwell_shape_gap(shape).is_none() {
+            Backend::Blackwell
+        } else {
+            Backend::Hopper
+        }),
+        Backend::Blackwell => {
+            if !blackwell_gpu {
+                return Err(unavailable(
+                    "the tcgen05 kernels need an sm_100 or sm_103 GPU",
+                ));
+            }
+            match blackwell_shape_gap(shape) {
+                Some(reason) => Err(unavailable(reason)),
+                None => Ok(Backend::Blackwell),
+            }
+        }
+    }
+}
+
+/// Arguments of `cuTensorMapEncodeTiled` for a 2D bf16 map, 128-byte
+/// swizzle (plain data, so the geometry is testable without a GPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TiledArgs {
+    /// `globalDim`, innermost first.
+    pub dims: [u64; 2],
+    /// `globalStrides` (rank - 1 entries, bytes).
+    pub strides: [u64; 1],
+    /// `boxDim`, innermost first.
+    pub box_dims: [u32; 2],
+    /// `elementStrides`.
+    pub element_strides: [u32; 2],
+}
+
+impl TiledArgs {
+    fn of(m: &Map2d) -> TiledArgs {
+        TiledArgs {
+            dims: m.dims,
+            strides: [m.row_stride],
+            box_dims: m.box_dims,
+            element_strides: [1, 1],
+        }
+    }
+    /// Bytes one box brings into shared memory.
+    #[cfg(test)]
+    fn box_bytes(&self) -> u32 {
+        self.box_dims[0] * self.box_dims[1] * 2
+    }
+}
+
+/// Geometry of the two maps of a plan: `(k gather map, q tile map)`.
+pub fn map_args(shape: &Shape) -> Result<(TiledArgs, TiledArgs)> {
+    let bad = |_| Error::Shape {
+        name: "tensor map",
+        value: shape.head_dim,
+        expected: "a TMA-encodable bf16 row (D * 2 a multiple of 16)",
+    };
+    let k = gather_map(
+        (shape.batch * shape.seq_k) as u64,
+        shape.head_dim as u32,
+        BOX_INNER,
+    )
+    .map_err(bad)?;
+    let q = q_tile_map(
+        (shape.rows() * shape.heads) as u64,
+        shape.head_dim as u32,
+        BOX_INNER,
+        shape.heads as u32,
+    )
+    .map_err(bad)?;
+    Ok((TiledArgs::of(&k), TiledArgs::of(&q)))
+}
+
+/// Encodes one bf16 map at device address `base`.
+fn encode(base: u64, a: &TiledArgs) -> Result<TensorMap> {
+    let mut raw = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: host-side encoding into `raw` (128 bytes); the argument arrays
+    // live across the call and hold `rank` (or rank - 1) entries; the
+    // address is only recorded, not dereferenced.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            raw.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            base as *mut std::ffi::c_void,
+            a.dims.as_ptr(),
+            a.strides.as_ptr(),
+            a.box_dims.as_ptr(),
+            a.element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()?;
+    }
+    // SAFETY: zero-initialised, then written by the driver.
+    let raw = unsafe { raw.assume_init() };
+    Ok(TensorMap(raw.opaque))
+}
+
+/// The loaded and configured sm_100a kernels of one plan.
+pub struct Sm100Kernels {
+    stage1: CudaFunction,
+    stage2: CudaFunction,
+    sms: u32,
+    maps: (TiledArgs, TiledArgs),
+}
+
+impl Sm100Kernels {
+    /// Loads stage 1 and the stage-2 specialization for `shape` (which
+    /// [`select_backend`] accepted) and raises stage 2's shared memory.
+    pub fn new(ctx: &Arc<CudaContext>, module: &Arc<CudaModule>, shape: &Shape) -> Result<Self> {
+        let name = sm100_stage2_kernel_name(shape.topk as u32, shape.heads as u32).ok_or(
+            Error::Shape {
+                name: "topk x heads",
+                value: shape.topk,
+                expected: "a tcgen05 specialization",
+            },
+        )?;
+        let stage2 = module.load_function(name)?;
+        gpu::set_dynamic_smem(&stage2, SM100_SMEM)?;
+        let stage1 = module.load_function(SM100_STAGE1_KERNEL)?;
+        let sms =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(Sm100Kernels {
+            stage1,
+            stage2,
+            sms: sms.max(1) as u32,
+            maps: map_args(shape)?,
+        })
+    }
+
+    /// Stage 1 (grad_signal, zeroing of `p.dk_accum`), then stage 2 as its
+    /// programmatic dependent, on `stream`.
+    ///
+    /// # Safety
+    /// `p` was validated by `Plan::execute` for `shape` (pointers, lengths,
+    /// 16-byte alignment of `index_q`, `index_k` and `dk_accum`).
+    pub unsafe fn launch(&self, stream: &CudaStream, shape: &Shape, p: &GradParams) -> Result<()> {
+        let params = Sm100Params {
+            k_map: encode(p.index_k, &self.maps.0)?,
+            q_map: encode(p.index_q, &self.maps.1)?,
+            p: *p,
+        };
+        let rows = shape.rows() as u32;
+        let grid1 = rows.div_ceil(SM100_STAGE1_ROWS).max(1);
+        let grid2 = sched::grid(self.sms, rows).max(1);
+        // SAFETY: forwarded from the caller; launch shapes are the kernels'
+        // documented contracts (stage 1: one warp per row; stage 2: one
+        // persistent CTA per SM at most, SM100_SMEM bytes, a dependent of
+        // stage 1 that waits with griddepcontrol.wait before touching its
+        // outputs).
+        unsafe {
+            gpu::launch(stream, &self.stage1, grid1, SM100_STAGE1_THREADS, 0, p)?;
+            gpu::launch_pdl(
+                stream,
+                &self.stage2,
+                grid2,
+                SM100_STAGE2_THREADS,
+                SM100_SMEM,
+                &params,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernels_gpu::sm100::budget::{SMEM_K_STAGE, SMEM_Q_REGION};
+
+    fn shape(heads: usize, head_dim: usize, topk: usize) -> Shape {
+        Shape {
+            batch: 2,
+            seq_q: 100,
+            seq_k: 300,
+            heads,
+            head_dim,
+            topk,
+        }
+    }
+
+    #[test]
+    fn dispatch_follows_compute_capability_shape_and_option() {
+        let ok = shape(64, 128, 256);
+        let h32 = shape(32, 128, 384);
+        let off = [
+            shape(16, 128, 128),
+            shape(64, 64, 128),
+            shape(64, 128, 512),
+            shape(128, 128, 128),
+        ];
+        for (maj, min) in [(10, 0), (10, 3)] {
+            assert_eq!(
+                select_backend(maj, min, &ok, Backend::Auto).unwrap(),
+                Backend::Blackwell
+            );
+            assert_eq!(
+                select_backend(maj, min, &h32, Backend::Auto).unwrap(),
+                Backend::Blackwell
+            );
+            assert_eq!(
+                select_backend(maj, min, &ok, Backend::Hopper).unwrap(),
+                Backend::Hopper
+            );
+            assert_eq!(
+                select_backend(maj, min, &ok, Backend::Blackwell).unwrap(),
+                Backend::Blackwell
+            );
+            for s in &off {
+                assert_eq!(
+                    select_backend(maj, min, s, Backend::Auto).unwrap(),
+                    Backend::Hopper,
+                    "{s:?}"
+                );
+                assert!(matches!(
+                    select_backend(maj, min, s, Backend::Blackwell),
+                    Err(Error::BackendUnavailable { major: 10, .. })
+                ));
+            }
+        }
+        for min in [0, 9] {
+            assert_eq!(
+                select_backend(9, min, &ok, Backend::Auto).unwrap(),
+                Backend::Hopper
+            );
+            assert_eq!(
+                select_backend(9, min, &ok, Backend::Hopper).unwrap(),
+                Backend::Hopper
+            );
+            assert!(matches!(
+                select_backend(9, min, &ok, Backend::Blackwell),
+                Err(Error::BackendUnavailable { major: 9, .. })
+            ));
+        }
+        // Other Blackwell-generation parts the sm_100a PTX does not target.
+        assert_eq!(
+            select_backend(10, 1, &ok, Backend::Auto).unwrap(),
+            Backend::Hopper
+        );
+        assert!(select_backend(10, 1, &ok, Backend::Blackwell).is_err());
+        for (maj, min) in [(8, 0), (12, 0)] {
+            assert!(matches!(
+                select_backend(maj, min, &ok, Backend::Auto),
+                Err(Error::UnsupportedDevice { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn q_rows_must_fit_a_tma_coordinate() {
+        let big = Shape {
+            batch: 1,
+            seq_q: (1 << 25) + 1,
+            ..shape(64, 128, 128)
+        };
+        assert!(blackwell_shape_gap(&big).is_some());
+        assert!(blackwell_shape_gap(&shape(64, 128, 128)).is_none());
+        assert!(matches!(
+            select_backend(10, 0, &big, Backend::Blackwell),
+            Err(Error::BackendUnavailable { .. })
+        ));
+    }
+
+    #[test]
+    fn tensor_map_geometry_matches_the_kernel() {
+        for heads in [32usize, 64] {
+            let s = shape(heads, 128, 128);
+            let (k, q) = map_args(&s).unwrap();
+            assert_eq!(k.dims, [128, 600], "(B*S_k, D) view, innermost first");
+            assert_eq!(k.strides, [256]);
+            assert_eq!(k.box_dims, [64, 1], "gather4: boxes of one row");
+            // 32 gather4 of 4 rows x 2 halves fill one K stage, which is
+            // what FULL[s] expects.
+            assert_eq!(2 * 32 * 4 * k.box_bytes(), SMEM_K_STAGE);
+            assert_eq!(q.dims, [128, (200 * heads) as u64]);
+            assert_eq!(q.box_dims, [64, heads as u32]);
+            // Two boxes per row (the kernel's Q_FULL tx count 2 * H * 128),
+            // each inside one 64-row q region.
+            assert_eq!(2 * q.box_bytes(), 2 * heads as u32 * 128);
+            assert!(q.box_bytes() <= SMEM_Q_REGION);
+            // TMA limits: 16-byte strides, inner box within the swizzle span.
+            assert_eq!(k.strides[0] % 16, 0);
+            assert!(k.box_dims[0] * 2 <= 128 && q.box_dims[1] <= 256);
+        }
+    }
+}

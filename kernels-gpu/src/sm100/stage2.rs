@@ -1,0 +1,260 @@
+//! sm_100a stage 2: the persistent, warp-specialized tcgen05 kernel.
+//! **Compiled and assembled for sm_100a, not executed** (no such GPU has
+//! been available).
+//!
+//! One CTA per SM walks its query rows (`sched::rows_of`), each row in
+//! `NCH = topk / 128` chunks of 128 slots. Roles, by warp (uniform inside a
+//! warp, so warp-collective instructions always run on whole warps):
+//!
+//! | warps | role | module |
+//! |---|---|---|
+//! | 0-3 | compute: gate S, dS (bf16, swizzled smem), d_weights; dQ epilogue | [`super::compute`] |
+//! | 4-7 | reduce: dK from tensor memory -> smem -> `cp.reduce.async.bulk` | [`super::reduce`] |
+//! | 8 | K load: slot ids, grad_signal, `tile::gather4` of K rows; q by TMA tile | [`super::load`] |
+//! | 9 | MMA: one lane issues every `tcgen05.mma` and `tcgen05.commit` | [`super::mma`] |
+//!
+//! The compute and reduce roles are whole warpgroups because a warp can only
+//! reach the tensor-memory sub-partition `warp % 4` (see `sm100::tmem`).
+//!
+//! Barriers (mbarriers in shared memory; "n" counts chunks, "r" rows of
+//! this CTA; parities from `sched::slot` / `sched::parity`):
+//!
+//! | barrier | arrivals | meaning |
+//! |---|---|---|
+//! | `FULL[s]` | 32 load lanes + 32 KiB tx | K stage s and its slot metadata are filled |
+//! | `EMPTY[s]` | MMA commit + 4 compute + 4 reduce warps | stage s (K rows and slot metadata) is no longer read |
+//! | `Q_FULL[b]` | load lane 0 + q bytes tx | q buffer b holds the row's q |
+//! | `Q_EMPTY[b]` | MMA commit | the row's last MMA reading q buffer b is done |
+//! | `S_READY` | MMA commit | S of chunk n is in tensor memory |
+//! | `DS_READY` | 4 compute warps | dS of chunk n is in shared memory (S read) |
+//! | `DK_READY` | MMA commit | dK of chunk n is in tensor memory (dS read) |
+//! | `DK_FREE` | 4 reduce warps | dK of chunk n was read out of tensor memory |
+//! | `DQ_READY` | MMA commit | dQ of row r is complete |
+//! | `DQ_FREE` | 4 compute warps | dQ of row r was read out |
+
+use super::budget::DK_ROW_BYTES;
+use super::budget::{
+    K_STAGES, OFF_BARS, OFF_DK, OFF_DS, OFF_K, OFF_META, OFF_Q, Q_STAGES, SM100_CHUNK,
+    SM100_HEAD_TILE, SMEM_K_STAGE, SMEM_META_STAGE, SMEM_Q, SMEM_Q_REGION, TMEM_ALLOC,
+};
+use super::{compute, load, mma, reduce};
+use crate::params::{GradParams, Sm100Params, SM100_K_MAP_OFFSET, SM100_Q_MAP_OFFSET};
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::tcgen05::{self, TmemAddr};
+use crate::ptx::{bulk, griddep, mbarrier, sreg, sync};
+
+/// Barrier indices (8 bytes each from `OFF_BARS`).
+pub(super) const FULL: u32 = 0;
+/// See [`FULL`].
+pub(super) const EMPTY: u32 = FULL + K_STAGES;
+/// See [`FULL`].
+pub(super) const Q_FULL: u32 = EMPTY + K_STAGES;
+/// See [`FULL`].
+pub(super) const Q_EMPTY: u32 = Q_FULL + Q_STAGES;
+/// See [`FULL`].
+pub(super) const S_READY: u32 = Q_EMPTY + Q_STAGES;
+/// See [`FULL`].
+pub(super) const DS_READY: u32 = S_READY + 1;
+/// See [`FULL`].
+pub(super) const DK_READY: u32 = DS_READY + 1;
+/// See [`FULL`].
+pub(super) const DK_FREE: u32 = DK_READY + 1;
+/// See [`FULL`].
+pub(super) const DQ_READY: u32 = DK_FREE + 1;
+/// See [`FULL`].
+pub(super) const DQ_FREE: u32 = DQ_READY + 1;
+const NUM_BARS: u32 = DQ_FREE + 1;
+/// The 4-byte slot `tcgen05.alloc` writes the tensor-memory address to.
+const TMEM_SLOT: u32 = OFF_BARS + 8 * NUM_BARS;
+const _: () = assert!(TMEM_SLOT + 4 <= super::budget::SM100_SMEM);
+
+/// Warp roles.
+pub(super) const COMPUTE_WARPS: u32 = 4;
+/// First reduce warp (a whole warpgroup: warp % 4 = 0..3).
+pub(super) const REDUCE_WARP0: u32 = 4;
+/// The K-load warp.
+pub(super) const LOAD_WARP: u32 = 8;
+/// The MMA warp (also allocates and frees tensor memory).
+pub(super) const MMA_WARP: u32 = 9;
+const _: () = assert!((MMA_WARP + 1) * 32 == crate::params::SM100_STAGE2_THREADS);
+const _: () = assert!(REDUCE_WARP0 % 4 == 0 && COMPUTE_WARPS == 4);
+
+/// What every role needs: parameters, shared-memory map, tensor memory.
+pub(super) struct Ctx<'a> {
+    /// Pointers, sizes, scalars.
+    pub p: &'a GradParams,
+    /// Dynamic shared-memory base (1024-byte aligned).
+    pub base: SmemAddr,
+    /// Tensor-memory base of this CTA's allocation.
+    pub tmem: TmemAddr,
+    /// Generic addresses of the two tensor maps (kernel parameter space).
+    pub k_map: u64,
+    /// See [`Ctx::k_map`].
+    pub q_map: u64,
+    /// This CTA, the grid size, and the number of query rows `B*S_q`.
+    pub cta: u32,
+    /// See [`Ctx::cta`].
+    pub ctas: u32,
+    /// See [`Ctx::cta`].
+    pub rows: u32,
+}
+
+impl Ctx<'_> {
+    /// mbarrier number `i`.
+    pub fn bar(&self, i: u32) -> SmemAddr {
+        self.base.add(OFF_BARS + 8 * i)
+    }
+    /// K stage `s`.
+    pub fn k_stage(&self, s: u32) -> SmemAddr {
+        self.base.add(OFF_K + s * SMEM_K_STAGE)
+    }
+    /// q buffer `b`.
+    pub fn q_buf(&self, b: u32) -> SmemAddr {
+        self.base.add(OFF_Q + b * SMEM_Q)
+    }
+    /// The dS tile.
+    pub fn ds(&self) -> SmemAddr {
+        self.base.add(OFF_DS)
+    }
+    /// Staged dK row of chunk slot `slot`.
+    pub fn dk_row(&self, slot: u32) -> SmemAddr {
+        self.base.add(OFF_DK + slot * DK_ROW_BYTES)
+    }
+    /// Resolved key row (i32, -1 for padding) of slot `slot` of stage `s`.
+    pub fn meta_row(&self, s: u32, slot: u32) -> SmemAddr {
+        self.base.add(OFF_META + s * SMEM_META_STAGE + 4 * slot)
+    }
+    /// grad_signal (f32) of slot `slot` of stage `s`.
+    pub fn meta_gs(&self, s: u32, slot: u32) -> SmemAddr {
+        self.base
+            .add(OFF_META + s * SMEM_META_STAGE + 4 * SM100_CHUNK + 4 * slot)
+    }
+}
+
+/// The kernel body for `NCH` chunks per row and `H` heads.
+///
+/// # Safety
+/// Launched with `SM100_STAGE2_THREADS` threads, `budget::SM100_SMEM` bytes
+/// of dynamic shared memory, a grid of at most `min(#SMs, B*S_q)` CTAs, as
+/// the programmatic dependent of the stage-1 kernel of the same `execute`;
+/// `p` validated by the host for this specialization (topk = 128 NCH,
+/// H, D = 128, B*S_q*H < 2^31); the tensor maps as documented on
+/// [`Sm100Params`].
+#[inline(always)]
+unsafe fn stage2<const NCH: u32, const H: u32>(p: &GradParams, param_addr: u64) {
+    let tid = sreg::thread_idx_x();
+    let warp = tid / 32;
+    let base = smem::base();
+    let c = Ctx {
+        p,
+        base,
+        tmem: TmemAddr(0),
+        k_map: param_addr + SM100_K_MAP_OFFSET as u64,
+        q_map: param_addr + SM100_Q_MAP_OFFSET as u64,
+        cta: sreg::block_idx_x(),
+        ctas: sreg::grid_dim_x(),
+        rows: p.batch * p.seq_q,
+    };
+    // SAFETY (setup): one thread initialises the barriers; every thread
+    // zeroes its share of the q padding; one whole warp allocates tensor
+    // memory; a CTA barrier publishes all of it.
+    unsafe {
+        if tid == 0 {
+            for s in 0..K_STAGES {
+                mbarrier::init(c.bar(FULL + s), 32);
+                mbarrier::init(c.bar(EMPTY + s), 1 + COMPUTE_WARPS + 4);
+            }
+            for b in 0..Q_STAGES {
+                mbarrier::init(c.bar(Q_FULL + b), 1);
+                mbarrier::init(c.bar(Q_EMPTY + b), 1);
+            }
+            mbarrier::init(c.bar(S_READY), 1);
+            mbarrier::init(c.bar(DS_READY), COMPUTE_WARPS);
+            mbarrier::init(c.bar(DK_READY), 1);
+            mbarrier::init(c.bar(DK_FREE), 4);
+            mbarrier::init(c.bar(DQ_READY), 1);
+            mbarrier::init(c.bar(DQ_FREE), COMPUTE_WARPS);
+            mbarrier::fence_init();
+        }
+        if H < SM100_HEAD_TILE {
+            // Rows H..64 of every q region are the M = 64 tile's zero
+            // padding; the q loads (box of H rows) never write them.
+            let pad = (SM100_HEAD_TILE - H) * 128;
+            let mut i = tid * 4;
+            while i < 2 * Q_STAGES * pad {
+                let (region, off) = (i / pad, i % pad);
+                smem::st_u32(base.add(OFF_Q + region * SMEM_Q_REGION + H * 128 + off), 0);
+                i += crate::params::SM100_STAGE2_THREADS * 4;
+            }
+            // The zeros are read by the tensor cores (async proxy).
+            bulk::fence_proxy_async_shared();
+        }
+        if warp == MMA_WARP {
+            tcgen05::alloc(base.add(TMEM_SLOT), TMEM_ALLOC);
+            tcgen05::relinquish_alloc_permit();
+        }
+        tcgen05::fence_before_thread_sync();
+        sync::bar_sync();
+        tcgen05::fence_after_thread_sync();
+    }
+    // SAFETY: written by tcgen05.alloc before the barrier.
+    let c = Ctx {
+        tmem: TmemAddr(unsafe { smem::ld_u32(base.add(TMEM_SLOT)) }),
+        ..c
+    };
+    // Everything above overlapped the stage-1 grid; from here on the roles
+    // read grad_signal and add into dK, both of which stage 1 writes.
+    // SAFETY: device code.
+    unsafe { griddep::wait() };
+
+    // SAFETY: each role's contract is this kernel's launch contract; the
+    // dispatch is by warp index, uniform inside each warp.
+    unsafe {
+        if warp < COMPUTE_WARPS {
+            compute::run::<NCH, H>(&c, warp);
+        } else if warp < REDUCE_WARP0 + 4 {
+            reduce::run::<NCH>(&c, warp);
+        } else if warp == LOAD_WARP {
+            load::run::<NCH, H>(&c);
+        } else {
+            mma::run::<NCH, H>(&c);
+        }
+    }
+
+    // SAFETY (teardown): every role has waited for the tensor-memory
+    // accesses it depends on; after the barrier the allocating warp frees
+    // the columns.
+    unsafe {
+        tcgen05::fence_before_thread_sync();
+        sync::bar_sync();
+        if warp == MMA_WARP {
+            // The MMA warp's lanes diverged (lane 0 issued); dealloc is a
+            // warp-collective `.sync.aligned` instruction.
+            sync::warp_sync();
+            tcgen05::fence_after_thread_sync();
+            tcgen05::dealloc(c.tmem, TMEM_ALLOC);
+        }
+    }
+}
+
+macro_rules! stage2_kernel {
+    ($name:ident, $topk:literal, $h:literal) => {
+        /// Stage-2 entry for this topk x heads (D = 128); see [`stage2`].
+        ///
+        /// # Safety
+        /// As [`stage2`].
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: Sm100Params) {
+            let addr = crate::ptx::tma::param0_generic_addr!(stringify!($name));
+            // SAFETY: forwarded launch contract.
+            unsafe { stage2::<{ $topk / 128 }, $h>(&p.p, addr) }
+        }
+    };
+}
+
+stage2_kernel!(sm100_stage2_t128_h32, 128, 32);
+stage2_kernel!(sm100_stage2_t128_h64, 128, 64);
+stage2_kernel!(sm100_stage2_t256_h32, 256, 32);
+stage2_kernel!(sm100_stage2_t256_h64, 256, 64);
+stage2_kernel!(sm100_stage2_t384_h32, 384, 32);
+stage2_kernel!(sm100_stage2_t384_h64, 384, 64);
