@@ -10,8 +10,7 @@ use crate::shape::{Backend, Shape};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use kernels_gpu::params::{
     sm100_stage2_kernel_name, GradParams, Sm100Params, TensorMap, SM100_DIM, SM100_HEADS,
-    SM100_STAGE1_KERNEL, SM100_STAGE1_ROWS, SM100_STAGE1_THREADS, SM100_STAGE2_THREADS,
-    SM100_TOPKS,
+    SM100_STAGE2_THREADS, SM100_TOPKS, STAGE1_KERNEL, STAGE1_ROWS, STAGE1_THREADS,
 };
 use kernels_gpu::sm100::budget::SM100_SMEM;
 use kernels_gpu::sm100::sched;
@@ -191,7 +190,7 @@ impl Sm100Kernels {
         )?;
         let stage2 = module.load_function(name)?;
         gpu::set_dynamic_smem(&stage2, SM100_SMEM)?;
-        let stage1 = module.load_function(SM100_STAGE1_KERNEL)?;
+        let stage1 = module.load_function(STAGE1_KERNEL)?;
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Sm100Kernels {
@@ -215,7 +214,7 @@ impl Sm100Kernels {
             p: *p,
         };
         let rows = shape.rows() as u32;
-        let grid1 = rows.div_ceil(SM100_STAGE1_ROWS).max(1);
+        let grid1 = rows.div_ceil(STAGE1_ROWS).max(1);
         let grid2 = sched::grid(self.sms, rows).max(1);
         // SAFETY: forwarded from the caller; launch shapes are the kernels'
         // documented contracts (stage 1: one warp per row; stage 2: one
@@ -223,7 +222,7 @@ impl Sm100Kernels {
         // stage 1 that waits with griddepcontrol.wait before touching its
         // outputs).
         unsafe {
-            gpu::launch(stream, &self.stage1, grid1, SM100_STAGE1_THREADS, 0, p)?;
+            gpu::launch(stream, &self.stage1, grid1, STAGE1_THREADS, 0, p)?;
             gpu::launch_pdl(
                 stream,
                 &self.stage2,

@@ -34,6 +34,8 @@ mod ceil;
 mod grad;
 #[cfg(target_arch = "nvptx64")]
 mod smoke;
+#[cfg(target_arch = "nvptx64")]
+mod stage1;
 
 /// Device panics cannot unwind: trap, which fails the launch with an error the
 /// host sees at the next synchronisation.

@@ -190,13 +190,17 @@ pub const SM100_K_MAP_OFFSET: u32 = 0;
 /// Byte offset of [`Sm100Params::q_map`] in the kernel parameter.
 pub const SM100_Q_MAP_OFFSET: u32 = 128;
 
-/// Name of the sm_100a stage-1 kernel (score gradient for several rows per
-/// CTA, fused zeroing of the f32 dK accumulator); takes [`GradParams`].
-pub const SM100_STAGE1_KERNEL: &str = "sm100_score_grad";
-/// Threads per CTA of the stage-1 kernel: one warp per query row.
-pub const SM100_STAGE1_THREADS: u32 = 256;
-/// Query rows per stage-1 CTA.
-pub const SM100_STAGE1_ROWS: u32 = SM100_STAGE1_THREADS / 32;
+/// Name of the stage-1 kernel of the two-launch paths (Hopper fast path,
+/// Blackwell path): score gradient for several rows per CTA with the
+/// zeroing of the f32 dK accumulator (D = 128) fused in; takes
+/// [`GradParams`].
+pub const STAGE1_KERNEL: &str = "indexer_score_grad_d128";
+/// Query rows per stage-1 CTA (one per warp).
+pub const STAGE1_ROWS: u32 = 8;
+/// Threads per stage-1 CTA.
+pub const STAGE1_THREADS: u32 = 32 * STAGE1_ROWS;
+/// Head dimension whose accumulator the stage-1 kernel zeroes.
+pub const STAGE1_DIM: u32 = 128;
 /// Threads per CTA of the stage-2 kernels: compute warpgroup (warps 0-3),
 /// reduce warpgroup (4-7), K-load warp (8), MMA warp (9).
 pub const SM100_STAGE2_THREADS: u32 = 320;
@@ -223,8 +227,7 @@ pub const fn sm100_stage2_kernel_name(topk: u32, heads: u32) -> Option<&'static 
 
 /// Launch bounds of the sm_100a-only kernels (written into the sm_100a PTX
 /// only, see [`LAUNCH_BOUNDS`]): one persistent stage-2 CTA per SM.
-pub const SM100_LAUNCH_BOUNDS: [(&str, u32, u32); 7] = [
-    ("sm100_score_grad", SM100_STAGE1_THREADS, 1),
+pub const SM100_LAUNCH_BOUNDS: [(&str, u32, u32); 6] = [
     ("sm100_stage2_t128_h32", SM100_STAGE2_THREADS, 1),
     ("sm100_stage2_t128_h64", SM100_STAGE2_THREADS, 1),
     ("sm100_stage2_t256_h32", SM100_STAGE2_THREADS, 1),
@@ -274,9 +277,12 @@ pub const fn grad_kernel_name(heads: u32, dim: u32) -> Option<&'static str> {
 /// CTA, minimum resident CTAs per SM)`. Two resident row-kernel CTAs per SM
 /// let one CTA's gathers and barriers overlap the other's tensor-core work;
 /// ptxas then caps registers at 128 per thread (the H=128 kernels need more
-/// and keep one CTA). Applied as given for sm_90a; the sm_100a build asks for
-/// one CTA everywhere (not tuned there).
-pub const LAUNCH_BOUNDS: [(&str, u32, u32); 8] = [
+/// and keep one CTA). The stage-1 kernel asks for four (at most 64
+/// registers): it is latency-bound and wants many warps in flight. Applied
+/// as given for sm_90a; the sm_100a build asks for one CTA everywhere (not
+/// tuned there).
+pub const LAUNCH_BOUNDS: [(&str, u32, u32); 9] = [
+    (STAGE1_KERNEL, STAGE1_THREADS, 4),
     ("indexer_bwd_rows_h16_d64", 256, 2),
     ("indexer_bwd_rows_h16_d128", 256, 2),
     ("indexer_bwd_rows_h32_d64", 256, 2),
@@ -359,9 +365,9 @@ mod tests {
         }
         assert!(sm100_stage2_kernel_name(512, 64).is_none());
         assert!(sm100_stage2_kernel_name(128, 16).is_none());
-        assert!(SM100_LAUNCH_BOUNDS
+        assert!(LAUNCH_BOUNDS
             .iter()
-            .any(|b| b.0 == SM100_STAGE1_KERNEL && b.1 == SM100_STAGE1_THREADS));
+            .any(|b| b.0 == STAGE1_KERNEL && b.1 == STAGE1_THREADS));
         assert_eq!(SM100_STAGE2_THREADS, 10 * 32);
         // No name is in both launch-bound lists (each list must match its PTX).
         for b in SM100_LAUNCH_BOUNDS {

@@ -1,9 +1,8 @@
 //! Blackwell (sm_100a) path. **Compiled and assembled for sm_100a, not
 //! executed** (no such GPU has been available).
 //!
-//! Device kernels (sm_100a builds only): `stage1` (score gradient for
-//! several rows per CTA, fused dK zeroing, programmatic dependent launch
-//! trigger) and `stage2` (persistent, warp-specialized tcgen05 kernel), whose
+//! Device kernels (sm_100a builds only; stage 1 is the shared
+//! `crate::stage1` kernel, launched first): `stage2` (persistent, warp-specialized tcgen05 kernel), whose
 //! roles live one per module: `load` (TMA gather4 of K rows), `mma` (the
 //! single issuing thread), `compute` (gate, dS, d_weights, dQ epilogue),
 //! `reduce` (dK through shared memory into bulk reductions); plus the
@@ -38,7 +37,5 @@ mod mma;
 mod reduce;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
 mod smoke;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
-mod stage1;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
 mod stage2;

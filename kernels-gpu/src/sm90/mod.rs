@@ -18,17 +18,9 @@
 //! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod stage1;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod wg;
 
-/// PTX entry name of the fast path's stage-1 kernel (score gradient and dK
-/// zeroing; sm_90a PTX only).
-pub const STAGE1_KERNEL: &str = "indexer_score_grad_d128";
-/// Query rows per stage-1 CTA (one per warp).
-pub const STAGE1_ROWS: u32 = 8;
-/// Threads per stage-1 CTA.
-pub const STAGE1_THREADS: u32 = 32 * STAGE1_ROWS;
+pub use crate::params::{STAGE1_KERNEL, STAGE1_ROWS, STAGE1_THREADS};
 
 /// PTX entry name of the wgmma row kernel (sm_90a PTX only).
 pub const WG_KERNEL: &str = "indexer_bwd_wg_h64_d128";

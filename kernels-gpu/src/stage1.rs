@@ -1,16 +1,17 @@
-//! Stage 1 of the Hopper fast path: the score gradient (grad_signal,
+//! Stage 1 of the two-launch paths (the Hopper fast path, and the
+//! Blackwell path, compiled and assembled for sm_100a but not executed):
+//! the score gradient (grad_signal,
 //! written in place over `attn_score`) for [`STAGE1_ROWS`] query rows per
 //! CTA, one warp per row, with the zeroing of the f32 dK accumulator fused
-//! into the same launch. The persistent stage-2 kernel is launched as its
-//! programmatic dependent: it loads q and gathers its first K rows while
-//! this grid runs, and waits (`griddepcontrol.wait`) before it reads
-//! grad_signal or adds into dK.
+//! into the same launch. The persistent stage-2 kernels are launched as its
+//! programmatic dependents: they set up and load q and their first K rows
+//! while this grid runs, and wait (`griddepcontrol.wait`) before they read
+//! grad_signal or add into dK.
 //!
 //! `G = sum_t g_t` is summed per lane in slot order, then across the warp by
 //! a fixed butterfly, so grad_signal is bitwise reproducible run to run.
 
-use super::{DIM, STAGE1_ROWS, STAGE1_THREADS};
-use crate::params::{GradParams, FLAG_LOG_SCORE};
+use crate::params::{GradParams, FLAG_LOG_SCORE, STAGE1_DIM as DIM, STAGE1_ROWS, STAGE1_THREADS};
 use crate::ptx::{global, griddep, sreg, sync};
 use crate::score::score_terms;
 
