@@ -123,3 +123,18 @@ pub unsafe fn ld_v4_f32(a: SmemAddr) -> [f32; 4] {
     }
     [x, y, z, w]
 }
+
+/// `ld.shared.v2.f32`: 8 bytes.
+///
+/// # Safety
+/// `a` must be 8-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn ld_v2_f32(a: SmemAddr) -> [f32; 2] {
+    let (x, y): (f32, f32);
+    // SAFETY: the caller guarantees an aligned in-bounds address.
+    unsafe {
+        asm!("ld.shared.v2.f32 {{{x}, {y}}}, [{a}];", x = out(reg32) x, y = out(reg32) y,
+             a = in(reg32) a.0, options(pure, readonly, nostack))
+    }
+    [x, y]
+}

@@ -206,21 +206,24 @@ unsafe fn stage2(p: &GradParams) {
     unsafe { sync::bar_sync() };
     gather(0);
     gather(1);
-    // Everything above only read inputs stage 1 does not write.
-    // SAFETY: waits for the stage-1 grid (grad_signal, zeroed dK).
-    unsafe { griddep::wait() };
-    put_gs(load_gs(0), 0);
-    put_gs(load_gs(1), 1);
     let mut next_id = load_id(2);
-    let mut next_gs = load_gs(2);
     cp_async::wait_all();
     // cp.async writes are generic-proxy writes; wgmma reads through the
     // async proxy.
     bulk::fence_proxy_async_shared();
-    // SAFETY: uniform barrier: q, weights, K(0), K(1), slot data of 0, 1.
+    // SAFETY: uniform barrier: q, weights, K(0), K(1).
     unsafe { sync::bar_sync() };
     let mut s = [0.0f32; 16];
     issue_s(&mut s, 0);
+    // Everything above only read inputs stage 1 does not write; S(0) runs
+    // while the stage-1 grid finishes.
+    // SAFETY: waits for the stage-1 grid (grad_signal, zeroed dK).
+    unsafe { griddep::wait() };
+    put_gs(load_gs(0), 0);
+    put_gs(load_gs(1), 1);
+    let mut next_gs = load_gs(2);
+    // SAFETY: uniform barrier: grad_signal of items 0 and 1.
+    unsafe { sync::bar_sync() };
     let mut acc_q = [0.0f32; 32]; // dQ, heads x this warpgroup's 64 D columns
     let mut dw = [0.0f32; 2]; // d_weights partials of heads 16 wi + g (+ 8)
     for it in 0..items {
@@ -234,27 +237,26 @@ unsafe fn stage2(p: &GradParams) {
         unsafe { wgmma::wait_m64n32(&mut s) };
 
         // ---- epilogue: gate, dS (bf16, swizzled), d_weights partials ----
-        // SAFETY: `sgs`, `srows`, `sw` were written before a barrier; each
-        // thread stores its own dS pairs (distinct (head, slot) pairs).
+        // Padding slots need no test here: their K rows were zero-filled, so
+        // S is exactly 0 (or NaN when q holds an infinity) and `S > 0` is
+        // false, whatever grad_signal holds there.
+        // SAFETY: `sgs` and `sw` were written before a barrier; each thread
+        // stores its own dS pairs (distinct (head, slot) pairs).
         unsafe {
+            let wh = [
+                smem::ld_f32(sw.add(4 * (16 * wi + g))),
+                smem::ld_f32(sw.add(4 * (16 * wi + g + 8))),
+            ];
             for j in 0..4u32 {
                 let tl = wg * 32 + 8 * j + c;
-                let gs = [
-                    smem::ld_f32(sgs.add(4 * tl)),
-                    smem::ld_f32(sgs.add(4 * (tl + 1))),
-                ];
-                let valid = [
-                    (smem::ld_u32(srows.add(4 * tl)) as i32) >= 0,
-                    (smem::ld_u32(srows.add(4 * (tl + 1))) as i32) >= 0,
-                ];
+                let gs = smem::ld_v2_f32(sgs.add(4 * tl));
                 for (half, dwh) in dw.iter_mut().enumerate() {
                     let h = 16 * wi + g + 8 * half as u32;
-                    let wh = smem::ld_f32(sw.add(4 * h));
                     let mut ds = [0.0f32; 2];
                     for i in 0..2 {
                         let sv = s[(4 * j) as usize + 2 * half + i] * sm_scale;
-                        if valid[i] && sv > 0.0 {
-                            ds[i] = gs[i] * wh;
+                        if sv > 0.0 {
+                            ds[i] = gs[i] * wh[half];
                             *dwh += gs[i] * sv;
                         }
                     }
