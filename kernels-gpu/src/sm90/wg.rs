@@ -363,9 +363,11 @@ unsafe fn stage2(p: &GradParams) {
         if ch == 0 && k + 1 < my_rows {
             load_row(k + 1);
         }
-        if it + 1 < items {
-            issue_s(&mut s, it + 1);
-        }
+        // Issued unconditionally (after the last item it computes a
+        // product of valid shared memory that nobody reads, drained after
+        // the loop): with the issue under a branch, ptxas inserted a wait at
+        // the join (C7517) and the overlap below was lost.
+        issue_s(&mut s, it + 1);
 
         // ---- reduce, part 2: each warp adds eight whole staged rows with
         // coalesced vector reductions (one 512-byte row per warp
@@ -373,7 +375,7 @@ unsafe fn stage2(p: &GradParams) {
         // Not unrolled (opaque bound): eight rows' loads in flight at once
         // would add 32+ live registers on top of the in-flight S and dQ
         // accumulators and make ptxas spill.
-        for i in 0..sync::opaque_u32(ROWS_PER_WARP) {
+        for i in 0..ROWS_PER_WARP {
             let slot = warp * ROWS_PER_WARP + i;
             // SAFETY: the staged row and its key row are complete (barrier
             // M); a valid key row lies inside the (B*S_k, D) accumulator,
@@ -414,6 +416,8 @@ unsafe fn stage2(p: &GradParams) {
             }
         }
     }
+    // SAFETY: whole warpgroup; drains the unused S issued by the last item.
+    unsafe { wgmma::wait_m64n32(&mut s) };
 }
 
 /// Persistent warpgroup-MMA stage-2 kernel for H = 64, D = 128; see
