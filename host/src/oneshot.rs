@@ -1,6 +1,6 @@
 //! One-shot convenience: run the backward on host data, on the GPU when
 //! one is present, else on the CPU fallback. Allocates and synchronises;
-//! for training loops build a [`Plan`](crate::Plan) once and call `execute`.
+//! for training loops build a [`Plan`] once and call `execute`.
 
 use crate::cpu::{self, HostGrad, HostInputs, HostOutputs};
 use crate::error::Result;

@@ -45,7 +45,7 @@ pub fn blackwell_shape_gap(shape: &Shape) -> Option<&'static str> {
 /// [`Backend::Blackwell`] (the tcgen05 kernels), never `Auto`.
 ///
 /// - sm_90: `Auto`/`Hopper` -> Hopper; `Blackwell` -> error.
-/// - sm_100 / sm_103: `Auto` -> Blackwell when [`blackwell_shape_gap`] finds
+/// - sm_100 / sm_103: `Auto` -> Blackwell when `blackwell_shape_gap` finds
 ///   nothing, else Hopper; `Hopper` -> Hopper; `Blackwell` -> Blackwell or
 ///   an error naming the shape gap.
 /// - any other GPU: [`Error::UnsupportedDevice`].

@@ -7,7 +7,7 @@
 //!   (kernel names, launch shapes, shared-memory budgets and the `#[repr(C)]`
 //!   parameter structs) instead of repeating them.
 //!
-//! Raw `asm!` lives only in [`ptx`] (device builds only).
+//! Raw `asm!` lives only in `ptx` (device builds only).
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",

@@ -5,7 +5,7 @@
 //!   writes `kernels-gpu/ptx/kernels_<arch>.ptx`, and assembles each file
 //!   with `ptxas -v`. `--check` fails instead of writing when a committed
 //!   file is stale.
-//! - `test [--require-gpu]`: stale-PTX check, fmt, clippy, the whole suite.
+//! - `test [--require-gpu]`: stale-PTX check, fmt, clippy, rustdoc links, the whole suite.
 //! - `bench [args]`: runs the benchmark binary (on a machine with a GPU).
 //! - `gpu-bundle [--out DIR]`: release test and bench binaries, the PTX and
 //!   `run.sh` in one folder to copy to the GPU machine.
@@ -56,7 +56,8 @@ fn report(r: Result<(), String>) -> ExitCode {
     }
 }
 
-/// The README's test command: stale-PTX check, formatting, lints, tests.
+/// The README's test command: stale-PTX check, formatting, lints, doc
+/// links, tests.
 fn test(require_gpu: bool) -> Result<(), String> {
     let root = util::repo_root();
     util::step("build-ptx --check (committed PTX must match the sources)");
@@ -73,6 +74,14 @@ fn test(require_gpu: bool) -> Result<(), String> {
         a.extend_from_slice(&["--all-targets", "--", "-D", "warnings"]);
         util::cargo(&root, &a, &[])?;
     }
+    util::step("cargo doc -D warnings (broken links in public docs)");
+    let docflags = [("RUSTDOCFLAGS", "-D warnings")];
+    util::cargo(&root, &["doc", "--no-deps", "--workspace"], &docflags)?;
+    util::cargo(
+        &root,
+        &["doc", "--no-deps", "--manifest-path", km],
+        &docflags,
+    )?;
     util::step("cargo test");
     let env: Vec<(&str, &str)> = if require_gpu {
         vec![("INDEXER_REQUIRE_GPU", "1")]

@@ -2,7 +2,7 @@
 //! and the `tcgen05.mma` descriptors that read them, per K step. The kernel
 //! uses exactly these functions; the tests check every element each
 //! descriptor addresses (by the ISA's canonical-layout formulas in
-//! [`desc::model_kmajor`] / [`desc::model_mnmajor`]) against where the
+//! [`super::desc::model_kmajor`] / [`super::desc::model_mnmajor`]) against where the
 //! producer (TMA, or the compute warps) put it.
 //!
 //! Storage (all 128-byte swizzled, regions of 64 columns of bf16):
