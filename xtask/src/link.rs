@@ -122,18 +122,20 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
     // The occupancy targets were tuned and measured on sm_90a; elsewhere
     // (sm_100a, not executed) ask for one CTA per SM so ptxas keeps its
     // register freedom (with two, the H=64 D=128 kernel spills there).
+    // Kernels that exist in one target's PTX only (the wgmma kernel in
+    // sm_90a, the tcgen05 kernels in sm_100a) add their own bounds.
     let mut bounds: Vec<_> = kernels_gpu::params::LAUNCH_BOUNDS
         .map(|(n, t, c)| (n, t, if cpu == "sm_90a" { c } else { 1 }))
         .to_vec();
-    if cpu == "sm_90a" {
-        bounds.extend(kernels_gpu::params::SM90_LAUNCH_BOUNDS);
+    match cpu.as_str() {
+        "sm_90a" => bounds.extend(kernels_gpu::params::SM90_LAUNCH_BOUNDS),
+        "sm_100a" => bounds.extend(kernels_gpu::params::SM100_LAUNCH_BOUNDS),
+        _ => {}
     }
     let ptx = add_launch_bounds(&ptx, &bounds)?;
 
-    // The tcgen05 kernels exist only in the sm_100a PTX: their launch
-    // bounds, and 64-byte alignment of the parameter holding tensor maps.
+    // sm_100a: 64-byte alignment of the parameter holding tensor maps.
     let ptx = if cpu == "sm_100a" {
-        let ptx = add_launch_bounds(&ptx, &kernels_gpu::params::SM100_LAUNCH_BOUNDS)?;
         align_first_param(
             &ptx,
             &kernels_gpu::params::SM100_STAGE2_KERNELS,
