@@ -10,8 +10,8 @@ use cudarc::driver::{
 };
 use half::bf16;
 use kernels_gpu::params::{
-    grad_kernel_name, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC, FLAG_DW_F32,
-    FLAG_LOCAL_IDS, FLAG_LOG_SCORE,
+    grad_kernel_name, stage1_grid, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC,
+    FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE, STAGE1_KERNEL, STAGE1_THREADS,
 };
 use kernels_gpu::sm90;
 use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
@@ -131,7 +131,7 @@ impl Plan {
                 module.load_function(sm90::WG_KERNEL)?,
                 sm90::THREADS,
                 sm90::SMEM.bytes,
-                Some(module.load_function(sm90::STAGE1_KERNEL)?),
+                Some(module.load_function(STAGE1_KERNEL)?),
                 sm90::grid(shape.rows() as u32, sms.max(1) as u32),
             )
         } else {
@@ -164,8 +164,9 @@ impl Plan {
         })
     }
 
-    /// The backend this plan runs: [`Backend::Hopper`] (`mma.sync` row
-    /// kernels) or [`Backend::Blackwell`] (tcgen05; not executed so far).
+    /// The backend this plan runs: [`Backend::Hopper`] (on sm_90 the wgmma
+    /// fast path or the `mma.sync` row kernels, by shape) or
+    /// [`Backend::Blackwell`] (tcgen05; not executed so far).
     pub fn backend(&self) -> Backend {
         if self.sm100.is_some() {
             Backend::Blackwell
@@ -481,36 +482,30 @@ impl Plan {
             return self.run_tcgen05(k, stream, &p, ws, dk, events);
         }
         unsafe {
-            match &self.stage1_fn {
+            // Fast path: stage 1 zeroes the accumulator and writes
+            // grad_signal, and the wgmma kernel runs as its programmatic
+            // dependent (overlapping its prologue). Otherwise a memset, then
+            // the row kernel (stage 1 fused) as an ordinary launch.
+            let launch_row = match &self.stage1_fn {
                 Some(stage1) => {
-                    // Stage 1 zeroes the accumulator and writes grad_signal;
-                    // the wgmma kernel overlaps its prologue with it (PDL).
-                    let rows = s.rows() as u32;
-                    let grid = rows.div_ceil(sm90::STAGE1_ROWS).max(1);
-                    gpu::launch(stream, stage1, grid, sm90::STAGE1_THREADS, 0, &p)?;
-                    mark(events.map(|e| &e.zeroed))?;
-                    gpu::launch_pdl(
-                        stream,
-                        &self.row_fn,
-                        self.grid,
-                        self.threads,
-                        self.smem_bytes,
-                        &p,
-                    )?;
+                    let grid = stage1_grid(s.rows() as u32);
+                    gpu::launch(stream, stage1, grid, STAGE1_THREADS, 0, &p)?;
+                    gpu::launch_pdl::<GradParams>
                 }
                 None => {
                     gpu::memset_zero(stream, accum, s.k_len() * 4)?;
-                    mark(events.map(|e| &e.zeroed))?;
-                    gpu::launch(
-                        stream,
-                        &self.row_fn,
-                        self.grid,
-                        self.threads,
-                        self.smem_bytes,
-                        &p,
-                    )?;
+                    gpu::launch::<GradParams>
                 }
-            }
+            };
+            mark(events.map(|e| &e.zeroed))?;
+            launch_row(
+                stream,
+                &self.row_fn,
+                self.grid,
+                self.threads,
+                self.smem_bytes,
+                &p,
+            )?;
             mark(events.map(|e| &e.gradients))?;
             if ws_needed > 0 {
                 self.launch_cast(stream, ws, dk)?;

@@ -9,8 +9,8 @@ use crate::gpu;
 use crate::shape::{Backend, Shape};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use kernels_gpu::params::{
-    sm100_stage2_kernel_name, GradParams, Sm100Params, TensorMap, SM100_DIM, SM100_HEADS,
-    SM100_STAGE2_THREADS, SM100_TOPKS, STAGE1_KERNEL, STAGE1_ROWS, STAGE1_THREADS,
+    sm100_stage2_kernel_name, stage1_grid, GradParams, Sm100Params, TensorMap, SM100_DIM,
+    SM100_HEADS, SM100_STAGE2_THREADS, SM100_TOPKS, STAGE1_KERNEL, STAGE1_THREADS,
 };
 use kernels_gpu::sm100::budget::SM100_SMEM;
 use kernels_gpu::sm100::sched;
@@ -214,7 +214,7 @@ impl Sm100Kernels {
             p: *p,
         };
         let rows = shape.rows() as u32;
-        let grid1 = rows.div_ceil(STAGE1_ROWS).max(1);
+        let grid1 = stage1_grid(rows);
         let grid2 = sched::grid(self.sms, rows).max(1);
         // SAFETY: forwarded from the caller; launch shapes are the kernels'
         // documented contracts (stage 1: one warp per row; stage 2: one

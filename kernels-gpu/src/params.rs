@@ -201,6 +201,17 @@ pub const STAGE1_ROWS: u32 = 8;
 pub const STAGE1_THREADS: u32 = 32 * STAGE1_ROWS;
 /// Head dimension whose accumulator the stage-1 kernel zeroes.
 pub const STAGE1_DIM: u32 = 128;
+
+/// Stage-1 grid for `rows` query rows: one CTA per [`STAGE1_ROWS`] rows,
+/// at least one (the launch also zeroes the dK accumulator).
+pub const fn stage1_grid(rows: u32) -> u32 {
+    let g = rows.div_ceil(STAGE1_ROWS);
+    if g == 0 {
+        1
+    } else {
+        g
+    }
+}
 /// Threads per CTA of the stage-2 kernels: compute warpgroup (warps 0-3),
 /// reduce warpgroup (4-7), K-load warp (8), MMA warp (9).
 pub const SM100_STAGE2_THREADS: u32 = 320;
@@ -325,6 +336,15 @@ mod tests {
                 assert!(smem * ctas <= crate::tiles::SMEM_LIMIT_SM90, "{name}");
             }
         }
+    }
+
+    #[test]
+    fn stage1_grid_covers_every_row_with_at_least_one_cta() {
+        assert_eq!(stage1_grid(0), 1);
+        assert_eq!(stage1_grid(1), 1);
+        assert_eq!(stage1_grid(STAGE1_ROWS), 1);
+        assert_eq!(stage1_grid(STAGE1_ROWS + 1), 2);
+        assert_eq!(stage1_grid(8192), 8192 / STAGE1_ROWS);
     }
 
     #[test]

@@ -20,8 +20,6 @@
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod wg;
 
-pub use crate::params::{STAGE1_KERNEL, STAGE1_ROWS, STAGE1_THREADS};
-
 /// PTX entry name of the wgmma row kernel (sm_90a PTX only).
 pub const WG_KERNEL: &str = "indexer_bwd_wg_h64_d128";
 
