@@ -11,7 +11,7 @@ use cudarc::driver::{
 use half::bf16;
 use kernels_gpu::params::{
     grad_kernel_name, stage1_grid, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC,
-    FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE, STAGE1_KERNEL, STAGE1_THREADS,
+    FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE, FLAG_ROW_CHUNKS, STAGE1_KERNEL, STAGE1_THREADS,
 };
 use kernels_gpu::sm90;
 use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
@@ -449,6 +449,11 @@ impl Plan {
         }
         if self.opts.d_weights == GradDtype::F32 {
             flags |= FLAG_DW_F32;
+        }
+        if self.stage1_fn.is_some() && s.topk >= sm90::SKIP_MIN_TOPK as usize {
+            // Fast path: stage 1 counts each row's live chunks (over its
+            // d_weights block) and the wgmma kernel skips the rest.
+            flags |= FLAG_ROW_CHUNKS;
         }
         let p = GradParams {
             index_q: q,

@@ -11,6 +11,21 @@ pub const FLAG_LOCAL_IDS: u32 = 1 << 0;
 pub const FLAG_LOG_SCORE: u32 = 1 << 1;
 /// Flag bit: `d_weights` is written as f32 rather than bf16.
 pub const FLAG_DW_F32: u32 = 1 << 2;
+/// Flag bit (Hopper fast path only, H = 64): the stage-1 kernel also
+/// writes, for each query row, the number of [`ROW_CHUNK_SLOTS`]-slot chunks
+/// up to and including the last one holding a valid slot, as a `u16` over
+/// the first two bytes of that row's `d_weights` block (`H = 64` elements).
+/// The stage-2 kernel reads it after `griddepcontrol.wait`, skips the
+/// row's trailing all-padding chunks (their gradients are exactly zero),
+/// and overwrites it with the row's d_weights.
+pub const FLAG_ROW_CHUNKS: u32 = 1 << 3;
+/// Slots per chunk of the count [`FLAG_ROW_CHUNKS`] asks for (the wgmma
+/// kernel's chunk).
+pub const ROW_CHUNK_SLOTS: u32 = 64;
+/// Heads of the rows whose `d_weights` blocks carry that count.
+pub const ROW_CHUNK_HEADS: u32 = 64;
+/// Largest topk whose chunk count fits the `u16`.
+pub const ROW_CHUNK_MAX_TOPK: u32 = u16::MAX as u32 * ROW_CHUNK_SLOTS;
 
 /// Parameters of the fused row kernel (score gradient + gradients), one CTA
 /// per query row `(b, s)`.

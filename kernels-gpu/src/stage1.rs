@@ -6,14 +6,19 @@
 //! into the same launch. The persistent stage-2 kernels are launched as its
 //! programmatic dependents: they set up and load q and their first K rows
 //! while this grid runs, and wait (`griddepcontrol.wait`) before they read
-//! grad_signal or add into dK.
+//! grad_signal or add into dK. With `FLAG_ROW_CHUNKS` (Hopper fast path,
+//! topk >= 512) each warp also writes its row's live chunk count for the
+//! stage-2 kernel (see that flag).
 //!
 //! `G = sum_t g_t` is summed per lane in slot order, then across the warp by
 //! a fixed butterfly, so grad_signal is bitwise reproducible run to run.
 
-use crate::params::{GradParams, FLAG_LOG_SCORE, STAGE1_DIM as DIM, STAGE1_ROWS, STAGE1_THREADS};
+use crate::params::{
+    GradParams, FLAG_DW_F32, FLAG_LOG_SCORE, FLAG_ROW_CHUNKS, ROW_CHUNK_HEADS, ROW_CHUNK_SLOTS,
+    STAGE1_DIM as DIM, STAGE1_ROWS, STAGE1_THREADS,
+};
 use crate::ptx::{global, griddep, sreg, sync};
-use crate::score::score_terms;
+use crate::score::{resolve, score_terms};
 
 /// Launch: grid `ceil(B*S_q / STAGE1_ROWS)` of [`STAGE1_THREADS`] threads,
 /// no dynamic shared memory.
@@ -76,6 +81,27 @@ pub unsafe extern "ptx-kernel" fn indexer_score_grad_d128(p: GradParams) {
         }
         v
     };
+    // Ids of the last UNROLL * 32 slots ending at `end`, for the chunk
+    // count below; clamped so the loads issue back to back (slots below the
+    // window are ignored there).
+    let row_chunks = p.flags & FLAG_ROW_CHUNKS != 0;
+    let b = row / p.seq_q;
+    let ids = p.topk_indices as *const i32;
+    let load_ids = |end: usize| {
+        let mut v = [0i32; UNROLL];
+        for (u, x) in v.iter_mut().enumerate() {
+            let t = end.saturating_sub(1 + lane as usize + 32 * u);
+            // SAFETY: t < topk, inside this row's slots.
+            *x = unsafe { *ids.add(base + t) };
+        }
+        v
+    };
+    // Issued before the score passes so their latency overlaps them.
+    let first_ids = if row_chunks {
+        load_ids(topk)
+    } else {
+        [0; UNROLL]
+    };
     let mut part = 0.0f32;
     let mut t0 = lane as usize;
     while t0 < topk {
@@ -102,5 +128,44 @@ pub unsafe extern "ptx-kernel" fn indexer_score_grad_d128(p: GradParams) {
             }
         }
         t0 += 32 * UNROLL;
+    }
+
+    // ---- chunk count for the stage-2 kernel (FLAG_ROW_CHUNKS) ----
+    if row_chunks {
+        // The last valid slot, scanning back from the end UNROLL * 32 slots
+        // at a time (one step, loaded before the passes above, for a row
+        // whose last slot is valid; rows padded at the end, as causal
+        // selections are, take a few more).
+        let mut live; // slots up to and including the last valid one
+        let mut end = topk;
+        let mut ids_v = first_ids;
+        loop {
+            let mut best = 0u32;
+            for (u, &id) in ids_v.iter().enumerate() {
+                let back = 1 + lane as usize + 32 * u;
+                if back <= end && resolve(id, b, &p) >= 0 {
+                    best = best.max((end - back + 1) as u32);
+                }
+            }
+            // SAFETY: `row` and `end` are uniform across the warp.
+            live = unsafe { sync::warp_max_u32(best) };
+            end = end.saturating_sub(32 * UNROLL);
+            if live > 0 || end == 0 {
+                break;
+            }
+            ids_v = load_ids(end);
+        }
+        if lane == 0 {
+            let elem = if p.flags & FLAG_DW_F32 != 0 { 4 } else { 2 };
+            let at = row as usize * (ROW_CHUNK_HEADS * elem) as usize;
+            // SAFETY: the host sets the flag only for H = ROW_CHUNK_HEADS
+            // and topk <= ROW_CHUNK_MAX_TOPK; the row's d_weights block has
+            // H elements of `elem` bytes (at least 2-byte aligned), which
+            // the stage-2 kernel overwrites after reading this count.
+            unsafe {
+                *(p.d_weights as *mut u8).add(at).cast::<u16>() =
+                    live.div_ceil(ROW_CHUNK_SLOTS) as u16;
+            }
+        }
     }
 }

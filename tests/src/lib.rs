@@ -73,6 +73,9 @@ pub struct Gen {
     pub padding: Padding,
     /// Probability that a row is short (fewer valid keys than topk).
     pub short_rows: f64,
+    /// Padding of short rows at their end (as causal selections are),
+    /// instead of spread over the row.
+    pub trailing: bool,
     /// Allow duplicate valid ids within a row.
     pub duplicates: bool,
     /// Probability that a predict value is below CLIP (masked slot).
@@ -115,7 +118,6 @@ impl Problem {
             let mut seen = std::collections::HashSet::new();
             for t in 0..topk {
                 let i = r * topk + t;
-                // Padding is spread over the row, not only at its end.
                 let is_valid = t < n_valid;
                 if is_valid {
                     let mut key = rng.random_range(0..per_batch);
@@ -131,8 +133,9 @@ impl Problem {
                     valid[i] = true;
                 }
             }
-            // Shuffle slots of the row so padding sits anywhere.
-            for t in (1..topk).rev() {
+            // Shuffle slots of the row so padding sits anywhere (or keep
+            // the valid slots first).
+            for t in (1..if g.trailing { 0 } else { topk }).rev() {
                 let j = rng.random_range(0..=t);
                 ids.swap(r * topk + t, r * topk + j);
                 valid.swap(r * topk + t, r * topk + j);

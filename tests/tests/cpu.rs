@@ -13,6 +13,7 @@ fn gen() -> Gen {
         values: Values::Continuous,
         padding: Padding::NegOne,
         short_rows: 0.3,
+        trailing: false,
         duplicates: true,
         masked: 0.05,
     }

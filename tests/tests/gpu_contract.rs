@@ -17,6 +17,7 @@ fn gen(values: Values) -> Gen {
         values,
         padding: Padding::NegOne,
         short_rows: 0.3,
+        trailing: false,
         duplicates: true,
         masked: 0.02,
     }
@@ -294,6 +295,7 @@ fn realistic_shapes_are_accurate_and_deterministic() {
             values: Values::Continuous,
             padding: Padding::NegOne,
             short_rows: 0.0,
+            trailing: false,
             duplicates: false,
             masked: 0.0,
         };

@@ -1,6 +1,7 @@
 //! Property tests of the whole backward on the GPU against the CPU
 //! reference: random shapes across the envelope, both id conventions, B > 1,
-//! padding by -1 and by out-of-range ids, short rows, duplicates, sm_scale
+//! padding by -1 and by out-of-range ids (spread over the row or at its
+//! end), short rows, duplicates, sm_scale
 //! variants, the log variant, bf16 and f32 outputs.
 
 use dsa_indexer_bwd::{GradDtype, KeyIds, Options, ScoreKind, Shape};
@@ -9,7 +10,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rand::SeedableRng;
 
-type Case = (Shape, Options, u64, bool, bool);
+/// Shape, options, seed, duplicates, short rows, padding at the end.
+type Case = (Shape, Options, u64, bool, bool, bool);
 
 /// Random cases over `heads` x `dims`, `seq_q` and `topk` in the ranges.
 fn case(
@@ -61,7 +63,14 @@ fn case(
             },
             ..Options::default()
         });
-    (shape, opts, any::<u64>(), any::<bool>(), any::<bool>())
+    (
+        shape,
+        opts,
+        any::<u64>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
 }
 
 /// 256 random cases; each runs the GPU twice (padding by -1 and by
@@ -100,6 +109,25 @@ fn gpu_fast_path_with_more_rows_than_ctas_matches_reference() {
     );
 }
 
+// The cases below must reach the skip.
+const _: () = assert!(kernels_gpu::sm90::SKIP_MIN_TOPK <= 512);
+
+/// 24 cases at H = 64, D = 128 with topk 512-1000 (where the fast path
+/// skips each row's trailing all-padding chunks, `sm90::SKIP_MIN_TOPK`),
+/// up to 200 query rows per batch (up to 600 rows: CTAs walk rows of
+/// different lengths), padding always at the end of short rows (so rows end
+/// early by whole chunks). Same checks.
+#[test]
+fn gpu_fast_path_skipping_trailing_padding_matches_reference() {
+    let cases = case(vec![64], vec![128], 1..=200, 512..=1000)
+        .prop_map(|(shape, opts, seed, dups, _, _)| (shape, opts, seed, dups, true, true));
+    run_cases(
+        "gpu_fast_path_skipping_trailing_padding_matches_reference",
+        cases,
+        24,
+    );
+}
+
 fn run_cases(name: &str, strategy: impl Strategy<Value = Case>, cases: u32) {
     let Some(ctx) = gpu(name) else {
         return;
@@ -111,12 +139,13 @@ fn run_cases(name: &str, strategy: impl Strategy<Value = Case>, cases: u32) {
     });
     let n = std::cell::Cell::new(0usize);
     runner
-        .run(&strategy, |(shape, opts, seed, dups, short)| {
+        .run(&strategy, |(shape, opts, seed, dups, short, trailing)| {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let gen = Gen {
                 values: Values::Grid,
                 padding: Padding::NegOne,
                 short_rows: if short { 0.5 } else { 0.1 },
+                trailing,
                 duplicates: dups,
                 masked: 0.05,
             };

@@ -135,6 +135,7 @@ fn replay_roundtrips_a_dumped_case() {
         values: Values::Grid,
         padding: Padding::OutOfRange,
         short_rows: 0.5,
+        trailing: false,
         duplicates: true,
         masked: 0.05,
     };

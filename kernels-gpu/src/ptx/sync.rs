@@ -68,6 +68,27 @@ pub unsafe fn warp_sum_f32(mut v: f32) -> f32 {
     v
 }
 
+/// `redux.sync.max.u32` over the full warp: the largest `v` of the 32
+/// lanes, in every lane.
+///
+/// # Safety
+/// All 32 lanes of the warp must call it.
+#[inline(always)]
+pub unsafe fn warp_max_u32(v: u32) -> u32 {
+    let r: u32;
+    // SAFETY: full-warp participation is guaranteed by the caller. Not
+    // `pure`, for the reason given at `shfl_xor_f32`.
+    unsafe {
+        asm!(
+            "redux.sync.max.u32 {r}, {v}, 0xffffffff;",
+            r = out(reg32) r,
+            v = in(reg32) v,
+            options(nomem, nostack),
+        )
+    }
+    r
+}
+
 /// Sum over the four lanes of a quad (`lane / 4` equal), fixed order; every
 /// lane of the quad gets the sum.
 ///

@@ -8,7 +8,13 @@
 //! shared memory and added to the f32 accumulator with coalesced
 //! `red.global.add.v4.f32` (one 512-byte row per warp instruction; measured
 //! faster than `cp.reduce.async.bulk` and than reductions straight from the
-//! MMA fragments).
+//! MMA fragments). Slot data (key ids, grad_signal) also arrives by
+//! `cp.async`, never through registers.
+//!
+//! From topk [`super::SKIP_MIN_TOPK`] on, stage 1 counts each row's chunks
+//! up to its last valid slot and this kernel skips the rest (exactly zero
+//! gradients): a row runs [`super::row_chunks`] chunks, so the CTA's
+//! sequence is walked with [`Walk`] instead of fixed arithmetic.
 //!
 //! Stage 1 (grad_signal) and the zeroing of the accumulator run in the
 //! previous launch (`super::stage1`); this kernel is its programmatic
@@ -22,10 +28,10 @@
 //! is accumulated by reductions.
 
 use super::{
-    desc, rows_of, swizzle, ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, Q_BLOCK,
-    Q_BYTES, ROW_BYTES, SMEM, THREADS,
+    desc, row_at, row_chunks, rows_of, swizzle, Pos, Walk, ATOM_BYTES, CHUNK, DIM, DK_STRIDE,
+    HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS,
 };
-use crate::params::{GradParams, FLAG_DW_F32};
+use crate::params::{GradParams, FLAG_DW_F32, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, global, griddep, sreg, sync, wgmma};
 use crate::score::resolve;
@@ -54,6 +60,7 @@ unsafe fn stage2(p: &GradParams) {
     let base = SmemAddr((smem::base().0 + 1023) & !1023);
     let (sq0, sk, sds, sdk) = (base.add(l.q), base.add(l.k), base.add(l.ds), base.add(l.dk));
     let (sgs0, srows0, sred_rows) = (base.add(l.gs), base.add(l.rows), base.add(l.red_rows));
+    let sids0 = base.add(l.ids);
     let (sw0, sred) = (base.add(l.w), base.add(l.red));
 
     let tid = sreg::thread_idx_x();
@@ -67,52 +74,108 @@ unsafe fn stage2(p: &GradParams) {
     let rows = p.batch * p.seq_q;
     let topk = p.topk;
     let sm_scale = p.sm_scale;
-    let gsig = p.attn_score as *const f32; // grad_signal after stage 1
     let ids = p.topk_indices as *const i32;
     let dk = p.dk_accum as *mut f32;
     let dcol0 = wg * 64; // this warpgroup's D columns for dQ and dK
 
-    // Items: this CTA's rows x chunks, in order. Index arithmetic in u32:
-    // the host checks B*S_q*topk < 2^32 (`super::supports`).
+    // Items: this CTA's rows x their chunks, in order (`Pos`). Each row
+    // runs `row_chunks` chunks: with FLAG_ROW_CHUNKS the stage-1 count
+    // (trailing all-padding chunks, whose gradients are exactly zero, are
+    // skipped), else all of them. Index arithmetic in u32: the host checks
+    // B*S_q*topk < 2^32 (`super::supports`).
     let nchunks = topk.div_ceil(CHUNK);
     let my_rows = rows_of(rows, ctas, cta);
-    let items = my_rows * nchunks;
-    let row_of = |k: u32| cta + k * ctas;
+    let row_of = |k: u32| row_at(ctas, cta, k);
     let q_buf = |k: u32| sq0.add((k % 2) * Q_BYTES);
     let w_buf = |k: u32| sw0.add((k % 2) * HEADS * 4);
-
-    // Slot `tid` of item `it` (threads < CHUNK): the flat slot index, or
-    // `None` past topk.
-    let slot_of = |it: u32| -> Option<usize> {
-        let (k, ch) = (it / nchunks, it % nchunks);
-        let t = ch * CHUNK + tid;
-        (tid < CHUNK && it < items && t < topk).then(|| (row_of(k) * topk + t) as usize)
+    let dw_elem: usize = if p.flags & FLAG_DW_F32 != 0 { 4 } else { 2 };
+    // Live chunks of local row k as stage 1 counted them (all of them
+    // without FLAG_ROW_CHUNKS; 2 past the CTA's rows, never used there).
+    // The load's result is only used by `chunks`, a row later.
+    let load_count = |k: u32| -> u32 {
+        if k >= my_rows {
+            return 2;
+        }
+        if p.flags & FLAG_ROW_CHUNKS == 0 {
+            return nchunks;
+        }
+        let at = row_of(k) as usize * H * dw_elem;
+        // SAFETY: read after griddepcontrol.wait: stage 1 wrote the count
+        // over the first two bytes of the row's d_weights block (at least
+        // 2-byte aligned), which only this CTA writes, at the row's end.
+        unsafe { *(p.d_weights as *const u8).add(at).cast::<u16>() as u32 }
     };
-    // Resolved key row of item `it`'s slot into set `set`.
-    let put_row = |it: u32, id: Option<i32>, set: u32| {
+    // Chunks the kernel runs for a loaded count. The count is the same in
+    // every lane; it goes through a warp reduction because the result lands
+    // in a uniform register, so ptxas knows the item walk, the row-end
+    // branches and the wgmma descriptors derived from it are warp-uniform
+    // (from the load directly it did not, and added convergence code,
+    // WARPSYNC and BRA.DIV, around the wgmma waits).
+    let chunks = |live: u32| -> u32 {
+        // SAFETY: called by every thread with the same value (CTA-uniform
+        // control flow).
+        row_chunks(unsafe { sync::warp_max_u32(live) }, topk)
+    };
+
+    // Slot `tid` of item `at` (threads < CHUNK): the flat slot index, or
+    // `None` past topk or past the CTA's rows.
+    let slot_of = |at: Pos| -> Option<usize> {
+        let t = at.ch * CHUNK + tid;
+        (tid < CHUNK && at.k < my_rows && t < topk).then(|| (row_of(at.k) * topk + t) as usize)
+    };
+    // Resolved key row of item `at`'s slot (`id`: its key id, `None` past
+    // topk or the CTA's rows) into set `set`.
+    let put_row = |at: Pos, id: Option<i32>, set: u32| {
         if tid < CHUNK {
-            let b = row_of(it / nchunks) / p.seq_q.max(1);
+            // (No division for one batch, the common training case.)
+            let b = if p.batch == 1 {
+                0
+            } else {
+                row_of(at.k) / p.seq_q.max(1)
+            };
             let r = id.map_or(-1, |id| resolve(id, b, p));
             // SAFETY: slot tid of this set belongs to this thread; its
             // previous readers passed a barrier since (pipeline note).
             unsafe { smem::st_u32(srows0.add(4 * (set * CHUNK + tid)), r as u32) };
         }
     };
-    let put_gs = |gs: Option<f32>, set: u32| {
-        if tid < CHUNK {
-            // SAFETY: as in put_row.
-            unsafe { smem::st_f32(sgs0.add(4 * (set * CHUNK + tid)), gs.unwrap_or(0.0)) };
-        }
-    };
-    // Key id and grad_signal of item `it` (grad_signal only after the
-    // griddepcontrol.wait below).
-    let load_id = |it: u32| -> Option<i32> {
+    // Key id of item `at`'s slot, loaded into a register (prologue only).
+    let load_id = |at: Pos| -> Option<i32> {
         // SAFETY: the flat slot index is inside topk_indices (host-checked).
-        slot_of(it).map(|t| unsafe { *ids.add(t) })
+        slot_of(at).map(|t| unsafe { *ids.add(t) })
     };
-    let load_gs = |it: u32| -> Option<f32> {
-        // SAFETY: as above; stage 1 finished writing grad_signal.
-        slot_of(it).map(|t| unsafe { *gsig.add(t) })
+    // Key id of item `at`'s slot from raw-id set `set`, where `fetch` put it.
+    let raw_id = |at: Pos, set: u32| -> Option<i32> {
+        // SAFETY: this thread's own cp.async into its own slot, complete
+        // after its wait_all (pipeline note).
+        slot_of(at).map(|_| unsafe { smem::ld_u32(sids0.add(4 * (set * CHUNK + tid))) as i32 })
+    };
+    // Slot data by cp.async (threads < CHUNK, one group with whatever else
+    // this thread issued): the key id of item `at_id` into raw-id set
+    // `id_set`, the grad_signal of item `at_gs` into slot set `gs_set` (0.0
+    // past topk or the CTA's rows, by zero fill). Copies, not register
+    // loads: a global load into a register in this loop was waited for at
+    // the next shared-memory fence (ptxas drains it before the MEMBAR), and
+    // that wait stalled warps 0-1 at the next barrier.
+    let fetch = |at_id: Pos, id_set: u32, at_gs: Pos, gs_set: u32| {
+        if tid < CHUNK {
+            let src = |base: u64, at: Pos| match slot_of(at) {
+                Some(t) => ((base as *const u8).wrapping_add(4 * t), 4),
+                None => (base as *const u8, 0),
+            };
+            let (si, ni) = src(p.topk_indices, at_id);
+            let (sg, ng) = src(p.attn_score, at_gs);
+            // SAFETY: 4-byte aligned slots inside topk_indices and
+            // attn_score (host-checked lengths; grad_signal read after
+            // griddepcontrol.wait), or 0 bytes from a valid base; the
+            // destination slots' previous readers passed a barrier since
+            // (pipeline note).
+            unsafe {
+                cp_async::copy_4(sids0.add(4 * (id_set * CHUNK + tid)), si, ni);
+                cp_async::copy_4(sgs0.add(4 * (gs_set * CHUNK + tid)), sg, ng);
+            }
+        }
+        cp_async::commit_group();
     };
     // q tile (cp.async into its swizzle blocks) and weights of local row k.
     let load_row = |k: u32| {
@@ -168,11 +231,11 @@ unsafe fn stage2(p: &GradParams) {
         }
         cp_async::commit_group();
     };
-    // Issue S = q K^T of item `it` (K buffer `it % 2`, q of its row) for
-    // this warpgroup's 32 slots without waiting.
-    let issue_s = |s: &mut [f32; 16], it: u32| {
-        let kb = sk.add((it % 2) * K_BYTES);
-        let da = desc(q_buf(it / nchunks).0, 16, ATOM_BYTES);
+    // Issue S = q K^T of item `at` (K buffer `buf`, q of its row) for this
+    // warpgroup's 32 slots without waiting.
+    let issue_s = |s: &mut [f32; 16], at: Pos, buf: u32| {
+        let kb = sk.add(buf * K_BYTES);
+        let da = desc(q_buf(at.k).0, 16, ATOM_BYTES);
         let db = desc(kb.0 + wg * 32 * ROW_BYTES, 16, ATOM_BYTES);
         *s = [0.0; 16];
         // SAFETY: whole warpgroup; q and the chunk's K rows complete,
@@ -180,33 +243,38 @@ unsafe fn stage2(p: &GradParams) {
         unsafe { wgmma::issue_s_m64n32(s, da, db) };
     };
 
-    // Pipeline, two barriers per item c (row k, chunk ch):
+    // Pipeline, two barriers per item c (row k, chunk ch; K buffer and slot
+    // set c % 2 by the item's index in the CTA's sequence):
     //   wait S(c) | gate, dS, d_weights partials | fence, B2 | dQ(c), dK(c)
     //   | stage dK(c), copy c's key rows | at the row's end: store dQ, park
-    //   d_weights partials | slot data of c+2 into set c%2, loads of c+3 |
-    //   wait own copies (K(c+1), q of the next row), fence | M | gather(c+2)
-    //   into buffer c%2 | at the row's first chunk: load the next row's q
-    //   and weights | issue S(c+1) | reductions of c (overlapping S(c+1)) |
-    //   at the row's end: d_weights sums.
+    //   d_weights partials | wait own copies (K(c+1), q of the next row,
+    //   key id of c+2, grad_signal of c+1) | key rows of c+2 into set c%2 |
+    //   fence | M | gather(c+2) into buffer c%2 | at the row's first chunk:
+    //   load the next row's q and weights | issue S(c+1) | copy the key id
+    //   of c+3 into raw set (c+1)%2 and the grad_signal of c+2 into set
+    //   c%2 | reductions of c (overlapping S(c+1)) | at the row's end:
+    //   d_weights sums.
     // Reuse: slot set c%2 was last read before B2 (gate) and by the gather
-    // of c; K buffer c%2 by S(c) and dQ(c), complete before M; dS, the
+    // of c; raw-id set (c+1)%2 by the key rows of c+1, before the previous
+    // M; K buffer c%2 by S(c) and dQ(c), complete before M; dS, the
     // staging tile, the key-row copy and the d_weights partials are next
     // written after the next B2, which every warp reaches only after its
     // reductions and sums of c; the q/weights buffer of row k+1 is row
     // k-1's, last read by dK of row k-1's last item (before the M that
     // precedes this row's first chunk), and is waited for at the M of this
-    // row's second chunk (nchunks >= 2) before S of row k+1 is issued.
-    if items == 0 {
+    // row's second chunk (every row runs >= 2) before S of row k+1 is issued.
+    if my_rows == 0 {
         return;
     }
+    // Items 0 and 1 are chunks 0 and 1 of row 0 whatever the counts.
+    let (p0, p1) = (Pos { k: 0, ch: 0 }, Pos { k: 0, ch: 1 });
     load_row(0);
-    put_row(0, load_id(0), 0);
-    put_row(1, load_id(1), 1);
+    put_row(p0, load_id(p0), 0);
+    put_row(p1, load_id(p1), 1);
     // SAFETY: uniform barrier: key rows of items 0 and 1.
     unsafe { sync::bar_sync() };
     gather(0);
     gather(1);
-    let mut next_id = load_id(2);
     cp_async::wait_all();
     // cp.async writes are generic-proxy writes; wgmma reads through the
     // async proxy.
@@ -214,25 +282,33 @@ unsafe fn stage2(p: &GradParams) {
     // SAFETY: uniform barrier: q, weights, K(0), K(1).
     unsafe { sync::bar_sync() };
     let mut s = [0.0f32; 16];
-    issue_s(&mut s, 0);
+    issue_s(&mut s, p0, 0);
     // Everything above only read inputs stage 1 does not write; S(0) runs
     // while the stage-1 grid finishes.
     // SAFETY: waits for the stage-1 grid (grad_signal, zeroed dK).
     unsafe { griddep::wait() };
-    put_gs(load_gs(0), 0);
-    put_gs(load_gs(1), 1);
-    let mut next_gs = load_gs(2);
+    // The item sequence (`Walk`: where rows k and k+1 end) and the chunk
+    // count of row k+2, loaded after barrier M of row k's first item and
+    // used when row k+1 starts.
+    let mut walk = Walk::new(chunks(load_count(0)), chunks(load_count(1)));
+    let mut n_pending = 0u32;
+    fetch(walk.pos(2), 0, p0, 0);
+    fetch(p0, 1, p1, 1); // (the id copy into set 1 is overwritten unused)
+    cp_async::wait_all();
     // SAFETY: uniform barrier: grad_signal of items 0 and 1.
     unsafe { sync::bar_sync() };
     let mut acc_q = [0.0f32; 32]; // dQ, heads x this warpgroup's 64 D columns
     let mut dw = [0.0f32; 2]; // d_weights partials of heads 16 wi + g (+ 8)
-    for it in 0..items {
-        let cur = it % 2;
-        let (k, ch) = (it / nchunks, it % nchunks);
+    let mut it = 0u32; // index of the current item in the CTA's sequence
+    while walk.k < my_rows {
+        let set = it % 2;
+        let (k, ch) = (walk.k, it - walk.start);
+        let last = it + 1 == walk.end0; // the row's last item
+        let ahead2 = walk.pos(it + 2);
         let row = row_of(k) as usize;
-        let kb = sk.add(cur * K_BYTES);
+        let kb = sk.add(set * K_BYTES);
         let (sq, sw) = (q_buf(k), w_buf(k));
-        let (sgs, srows) = (sgs0.add(4 * cur * CHUNK), srows0.add(4 * cur * CHUNK));
+        let (sgs, srows) = (sgs0.add(4 * set * CHUNK), srows0.add(4 * set * CHUNK));
         // SAFETY: whole warpgroup; `s` is the array of the issue.
         unsafe { wgmma::wait_m64n32(&mut s) };
 
@@ -310,7 +386,7 @@ unsafe fn stage2(p: &GradParams) {
 
         // ---- at the row's end: d_index_q (bf16 pairs) and this thread's
         // d_weights partials (fixed-order sums over lanes) ----
-        if ch + 1 == nchunks {
+        if last {
             // This thread's first (head, column) pair of the row; the others
             // are constant offsets from it (keeps one live address).
             let dq = (p.d_index_q as *mut u32).wrapping_add(
@@ -345,20 +421,17 @@ unsafe fn stage2(p: &GradParams) {
 
         // ---- next items: slot data of c+2 into the set c just released
         // (same threads that copied its key rows above), K(c+1) complete ----
-        if it + 2 < items {
-            put_row(it + 2, next_id, cur);
-            put_gs(next_gs, cur);
-            next_id = load_id(it + 3);
-            next_gs = load_gs(it + 3);
-        }
         cp_async::wait_all();
+        if ahead2.k < my_rows {
+            put_row(ahead2, raw_id(ahead2, set), set);
+        }
         bulk::fence_proxy_async_shared();
         // SAFETY: uniform barrier (M): staging, key rows and d_weights
         // partials of c, K(c+1) (and the next row's q) and the slot data of
         // c+2 visible; every wgmma of c complete.
         unsafe { sync::bar_sync() };
-        if it + 2 < items {
-            gather(cur);
+        if ahead2.k < my_rows {
+            gather(set);
         }
         if ch == 0 && k + 1 < my_rows {
             load_row(k + 1);
@@ -367,7 +440,14 @@ unsafe fn stage2(p: &GradParams) {
         // product of valid shared memory that nobody reads, drained after
         // the loop): with the issue under a branch, ptxas inserted a wait at
         // the join (C7517) and the overlap below was lost.
-        issue_s(&mut s, it + 1);
+        issue_s(&mut s, walk.pos(it + 1), 1 - set);
+        // Slot data: the key id of c+3 (resolved by the next item before
+        // its M) and the grad_signal of c+2 (read by its gate), in flight
+        // until the next item's wait_all.
+        fetch(walk.pos(it + 3), 1 - set, ahead2, set);
+        if ch == 0 {
+            n_pending = load_count(k + 2);
+        }
 
         // ---- reduce, part 2: each warp adds eight whole staged rows with
         // coalesced vector reductions (one 512-byte row per warp
@@ -389,7 +469,7 @@ unsafe fn stage2(p: &GradParams) {
             }
         }
 
-        if ch + 1 == nchunks {
+        if last {
             let mut h = tid;
             while h < HEADS {
                 // Head h lives in warp h / 16 of each warpgroup: sum the
@@ -415,9 +495,17 @@ unsafe fn stage2(p: &GradParams) {
                 h += THREADS;
             }
         }
+
+        // ---- advance: the counts follow the current item's row ----
+        it += 1;
+        if last {
+            walk.next_row(chunks(n_pending));
+        }
     }
     // SAFETY: whole warpgroup; drains the unused S issued by the last item.
     unsafe { wgmma::wait_m64n32(&mut s) };
+    // The last item's slot-data copies (past the CTA's rows) land before exit.
+    cp_async::wait_all();
 }
 
 /// Persistent warpgroup-MMA stage-2 kernel for H = 64, D = 128; see

@@ -253,6 +253,7 @@ fn main() {
                 values: Values::Continuous,
                 padding: Padding::NegOne,
                 short_rows: 0.0,
+                trailing: false,
                 duplicates: false,
                 masked: 0.0,
             };
