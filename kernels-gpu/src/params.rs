@@ -27,6 +27,16 @@ pub const ROW_CHUNK_HEADS: u32 = 64;
 /// Largest topk whose chunk count fits the `u16`.
 pub const ROW_CHUNK_MAX_TOPK: u32 = u16::MAX as u32 * ROW_CHUNK_SLOTS;
 
+/// Byte offset in `d_weights` of the chunk count of query row `row`
+/// ([`FLAG_ROW_CHUNKS`]): the start of the row's block of
+/// [`ROW_CHUNK_HEADS`] elements, f32 or bf16 by [`FLAG_DW_F32`] in
+/// `flags`. The one definition stage 1 (writer) and the wgmma kernel
+/// (reader) share.
+pub const fn row_chunks_at(row: u32, flags: u32) -> usize {
+    let elem = if flags & FLAG_DW_F32 != 0 { 4 } else { 2 };
+    row as usize * ROW_CHUNK_HEADS as usize * elem
+}
+
 /// Parameters of the fused row kernel (score gradient + gradients), one CTA
 /// per query row `(b, s)`.
 #[repr(C)]
@@ -326,6 +336,15 @@ pub const SM90_LAUNCH_BOUNDS: [(&str, u32, u32); 1] =
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn row_chunk_counts_sit_at_the_start_of_each_d_weights_row() {
+        use super::*;
+        assert_eq!(row_chunks_at(0, 0), 0);
+        assert_eq!(row_chunks_at(3, 0), 3 * 64 * 2);
+        assert_eq!(row_chunks_at(3, FLAG_DW_F32 | FLAG_ROW_CHUNKS), 3 * 64 * 4);
+        assert_eq!(row_chunks_at(3, FLAG_LOCAL_IDS), row_chunks_at(3, 0));
+    }
+
     use super::*;
 
     #[test]

@@ -14,8 +14,8 @@
 //! a fixed butterfly, so grad_signal is bitwise reproducible run to run.
 
 use crate::params::{
-    GradParams, FLAG_DW_F32, FLAG_LOG_SCORE, FLAG_ROW_CHUNKS, ROW_CHUNK_HEADS, ROW_CHUNK_SLOTS,
-    STAGE1_DIM as DIM, STAGE1_ROWS, STAGE1_THREADS,
+    row_chunks_at, GradParams, FLAG_LOG_SCORE, FLAG_ROW_CHUNKS, ROW_CHUNK_SLOTS, STAGE1_DIM as DIM,
+    STAGE1_ROWS, STAGE1_THREADS,
 };
 use crate::ptx::{global, griddep, sreg, sync};
 use crate::score::{resolve, score_terms};
@@ -156,11 +156,10 @@ pub unsafe extern "ptx-kernel" fn indexer_score_grad_d128(p: GradParams) {
             ids_v = load_ids(end);
         }
         if lane == 0 {
-            let elem = if p.flags & FLAG_DW_F32 != 0 { 4 } else { 2 };
-            let at = row as usize * (ROW_CHUNK_HEADS * elem) as usize;
+            let at = row_chunks_at(row, p.flags);
             // SAFETY: the host sets the flag only for H = ROW_CHUNK_HEADS
             // and topk <= ROW_CHUNK_MAX_TOPK; the row's d_weights block has
-            // H elements of `elem` bytes (at least 2-byte aligned), which
+            // H elements of 2 or 4 bytes (at least 2-byte aligned), which
             // the stage-2 kernel overwrites after reading this count.
             unsafe {
                 *(p.d_weights as *mut u8).add(at).cast::<u16>() =

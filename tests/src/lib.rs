@@ -133,12 +133,14 @@ impl Problem {
                     valid[i] = true;
                 }
             }
-            // Shuffle slots of the row so padding sits anywhere (or keep
-            // the valid slots first).
-            for t in (1..if g.trailing { 0 } else { topk }).rev() {
-                let j = rng.random_range(0..=t);
-                ids.swap(r * topk + t, r * topk + j);
-                valid.swap(r * topk + t, r * topk + j);
+            // Shuffle slots of the row so padding sits anywhere (unless
+            // it stays at the end).
+            if !g.trailing {
+                for t in (1..topk).rev() {
+                    let j = rng.random_range(0..=t);
+                    ids.swap(r * topk + t, r * topk + j);
+                    valid.swap(r * topk + t, r * topk + j);
+                }
             }
             let tsum: f32 = (0..topk)
                 .map(|t| {

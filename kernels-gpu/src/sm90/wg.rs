@@ -31,7 +31,7 @@ use super::{
     desc, row_at, row_chunks, rows_of, swizzle, Pos, Walk, ATOM_BYTES, CHUNK, DIM, DK_STRIDE,
     HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS,
 };
-use crate::params::{GradParams, FLAG_DW_F32, FLAG_ROW_CHUNKS};
+use crate::params::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, global, griddep, sreg, sync, wgmma};
 use crate::score::resolve;
@@ -88,7 +88,6 @@ unsafe fn stage2(p: &GradParams) {
     let row_of = |k: u32| row_at(ctas, cta, k);
     let q_buf = |k: u32| sq0.add((k % 2) * Q_BYTES);
     let w_buf = |k: u32| sw0.add((k % 2) * HEADS * 4);
-    let dw_elem: usize = if p.flags & FLAG_DW_F32 != 0 { 4 } else { 2 };
     // Live chunks of local row k as stage 1 counted them (all of them
     // without FLAG_ROW_CHUNKS; 2 past the CTA's rows, never used there).
     // The load's result is only used by `chunks`, a row later.
@@ -99,7 +98,7 @@ unsafe fn stage2(p: &GradParams) {
         if p.flags & FLAG_ROW_CHUNKS == 0 {
             return nchunks;
         }
-        let at = row_of(k) as usize * H * dw_elem;
+        let at = row_chunks_at(row_of(k), p.flags);
         // SAFETY: read after griddepcontrol.wait: stage 1 wrote the count
         // over the first two bytes of the row's d_weights block (at least
         // 2-byte aligned), which only this CTA writes, at the row's end.
