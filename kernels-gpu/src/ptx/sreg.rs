@@ -27,3 +27,17 @@ pub fn grid_dim_x() -> u32 {
     // SAFETY: reading a special register has no preconditions.
     unsafe { core::arch::nvptx::_grid_dim_x() as u32 }
 }
+
+/// `%ctaid.x`, read where the call is: an asm statement with side effects,
+/// so the compiler neither hoists it out of a loop nor merges it with
+/// another read, and the value need not stay in a register across the
+/// loop (an S2R per call instead). For kernels at their register cap: in
+/// the wgmma kernel a hoisted copy made ptxas spill 72 bytes.
+#[inline(always)]
+pub fn block_idx_x_here() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register; no memory is touched. Not `pure`
+    // on purpose (see above).
+    unsafe { core::arch::asm!("mov.u32 {r}, %ctaid.x;", r = out(reg32) r, options(nomem, nostack)) }
+    r
+}
