@@ -462,7 +462,7 @@ unsafe fn stage2(p: &GradParams) {
             // rows select the same key in the same slot (causal selections)
             // reduce into the same key row at the same moment; measured on
             // the H200 (SPEC workload): ragged topk 128 / 256 5% / 3%
-            // faster, uniform 1-3%, topk 1024 unchanged.
+            // faster, uniform 1-2%, topk 1024 unchanged.
             let slot = warp * ROWS_PER_WARP + (i ^ (sreg::block_idx_x_here() % ROWS_PER_WARP));
             // SAFETY: the staged row and its key row are complete (barrier
             // M); a valid key row lies inside the (B*S_k, D) accumulator,
