@@ -11,7 +11,8 @@ use cudarc::driver::{
 use half::bf16;
 use kernels_gpu::params::{
     grad_kernel_name, stage1_grid, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC,
-    FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE, FLAG_ROW_CHUNKS, STAGE1_KERNEL, STAGE1_THREADS,
+    FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS,
+    STAGE1_KERNEL, STAGE1_THREADS,
 };
 use kernels_gpu::sm90;
 use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
@@ -81,6 +82,11 @@ pub struct Plan {
     /// Fast path only: stage 1 + dK zeroing, launched before `row_fn`,
     /// which then runs as its programmatic dependent.
     stage1_fn: Option<CudaFunction>,
+    /// Fast path with an even number of rows: the paired kernel
+    /// (`sm90::WG_PAIR_KERNEL`) and its grid, launched between stage 1 and
+    /// `row_fn`; a test on the ids inside both picks which one computes
+    /// (`FLAG_PAIR_DISPATCH`).
+    pair: Option<(CudaFunction, u32)>,
     /// CTAs of `row_fn`.
     grid: u32,
     /// Threads per CTA of `row_fn`.
@@ -124,15 +130,24 @@ impl Plan {
             && major == 9
             && (shape.heads, shape.head_dim) == (sm90::HEADS as usize, sm90::DIM as usize)
             && sm90::supports(shape.rows() as u64, shape.topk as u64);
+        // Fast path, even rows: the paired kernel and its grid.
+        let mut pair = None;
         let (row_fn, threads, smem_bytes, stage1_fn, grid) = if fast {
             let sms =
                 ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            let sms = sms.max(1) as u32;
+            let rows = shape.rows() as u32;
+            if sm90::supports_pairs(shape.rows() as u64, shape.topk as u64) {
+                let f = module.load_function(sm90::WG_PAIR_KERNEL)?;
+                gpu::set_dynamic_smem(&f, sm90::PAIR.bytes)?;
+                pair = Some((f, sm90::pair_grid(rows, sms)));
+            }
             (
                 module.load_function(sm90::WG_KERNEL)?,
                 sm90::THREADS,
                 sm90::SMEM.bytes,
                 Some(module.load_function(STAGE1_KERNEL)?),
-                sm90::grid(shape.rows() as u32, sms.max(1) as u32),
+                sm90::grid(rows, sms),
             )
         } else {
             let smem = RowSmem::new(shape.heads as u32, shape.head_dim as u32);
@@ -158,6 +173,7 @@ impl Plan {
             row_fn,
             cast_fn,
             stage1_fn,
+            pair,
             threads,
             smem_bytes,
             grid,
@@ -479,8 +495,10 @@ impl Plan {
         // alignment and aliasing against the plan's shape; the launch shapes
         // are the kernels' contracts (`grid` CTAs of `threads` with
         // `smem_bytes`, limit raised in `new`; the fast path's stage 1 with
-        // one warp per row, then the wgmma kernel, which executes
-        // griddepcontrol.wait before it reads what stage 1 writes).
+        // one warp per row, then (even rows) the paired wgmma kernel with
+        // `pair`'s grid of `sm90::PAIR` CTAs, then the wgmma row kernel;
+        // each executes griddepcontrol.wait before it reads what stage 1
+        // writes, and the paired one before it exits).
         let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
         mark(events.map(|e| &e.start))?;
         if let Some(k) = &self.sm100 {
@@ -503,6 +521,23 @@ impl Plan {
                 }
             };
             mark(events.map(|e| &e.zeroed))?;
+            let mut p = p;
+            if let Some((pair_fn, pair_grid)) = &self.pair {
+                // The paired kernel as stage 1's programmatic dependent, the
+                // row kernel as the paired kernel's; one of the two exits
+                // at once (the dispatch test of FLAG_PAIR_DISPATCH). The
+                // paired kernel exits only after waiting for stage 1, so
+                // the row kernel's wait also covers stage 1.
+                gpu::launch_pdl(
+                    stream,
+                    pair_fn,
+                    *pair_grid,
+                    sm90::PAIR.threads,
+                    sm90::PAIR.bytes,
+                    &p,
+                )?;
+                p.flags |= FLAG_PAIR_DISPATCH;
+            }
             launch_row(
                 stream,
                 &self.row_fn,

@@ -19,6 +19,12 @@ pub const FLAG_DW_F32: u32 = 1 << 2;
 /// row's trailing all-padding chunks (their gradients are exactly zero),
 /// and overwrites it with the row's d_weights.
 pub const FLAG_ROW_CHUNKS: u32 = 1 << 3;
+/// Flag bit (Hopper fast path only): the row kernel runs after the paired
+/// kernel (`sm90::WG_PAIR_KERNEL`) in the same execute and exits at once
+/// when the dispatch test (`sm90::pair_sample`) chose the paired kernel;
+/// the paired kernel exits when it did not. Exactly one of them computes
+/// the gradients.
+pub const FLAG_PAIR_DISPATCH: u32 = 1 << 4;
 /// Slots per chunk of the count [`FLAG_ROW_CHUNKS`] asks for (the wgmma
 /// kernel's chunk).
 pub const ROW_CHUNK_SLOTS: u32 = 64;
@@ -330,9 +336,12 @@ pub const LAUNCH_BOUNDS: [(&str, u32, u32); 9] = [
 ];
 
 /// Launch bounds of kernels that exist only in the sm_90a PTX (the wgmma
-/// row kernel: two CTAs per SM, so at most 128 registers per thread).
-pub const SM90_LAUNCH_BOUNDS: [(&str, u32, u32); 1] =
-    [(crate::sm90::WG_KERNEL, crate::sm90::THREADS, 2)];
+/// row kernel: two CTAs per SM, so at most 128 registers per thread; the
+/// paired kernel: one CTA of twice the threads, the same cap).
+pub const SM90_LAUNCH_BOUNDS: [(&str, u32, u32); 2] = [
+    (crate::sm90::WG_KERNEL, crate::sm90::THREADS, 2),
+    (crate::sm90::WG_PAIR_KERNEL, crate::sm90::PAIR.threads, 1),
+];
 
 #[cfg(test)]
 mod tests {

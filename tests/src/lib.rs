@@ -225,6 +225,31 @@ impl Problem {
         }
     }
 
+    /// Makes rows select the same keys in pairs, as causal selections do
+    /// (SPEC's ragged rows 2i and 2i + 1 are identical): each odd row
+    /// copies the ids of the row before it (within its batch, or across
+    /// batches with local ids, where the same id names another key row),
+    /// then swaps `swaps` random pairs of its slots, so some slots of the
+    /// pair differ. Each odd row does so with probability `share`.
+    pub fn pair_rows(&mut self, rng: &mut impl Rng, share: f64, swaps: usize) {
+        let s = self.shape;
+        let topk = s.topk;
+        for r in (1..s.rows()).step_by(2) {
+            let same_batch = r / s.seq_q == (r - 1) / s.seq_q;
+            if (!same_batch && self.opts.key_ids == KeyIds::Global) || !rng.random_bool(share) {
+                continue;
+            }
+            let (prev, row) = ((r - 1) * topk, r * topk);
+            self.ids.copy_within(prev..prev + topk, row);
+            self.valid.copy_within(prev..prev + topk, row);
+            for _ in 0..swaps {
+                let (a, b) = (rng.random_range(0..topk), rng.random_range(0..topk));
+                self.ids.swap(row + a, row + b);
+                self.valid.swap(row + a, row + b);
+            }
+        }
+    }
+
     /// SPEC's "ragged" ids: row s sees keys `0..min(s/2 + 1, S_k)` of its
     /// batch (as ids of the plan's convention); the remaining slots are -1.
     pub fn make_ragged(&mut self) {

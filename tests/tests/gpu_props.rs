@@ -128,9 +128,70 @@ fn gpu_fast_path_skipping_trailing_padding_matches_reference() {
     );
 }
 
+/// 32 cases at H = 64, D = 128 with an even number of rows (where the fast
+/// path launches the paired kernel and the row kernel, and a test on the
+/// ids picks one) whose odd rows copy the previous row's ids, all of them
+/// or each with probability 1/2 (near the test's threshold, so either
+/// kernel runs), with 0-2 pairs of slots swapped (`Problem::pair_rows`):
+/// in the paired kernel, slots that hold the same key in both rows reduce
+/// its dK once, the rest separately. Up to 600 rows (CTAs walk several
+/// pairs), short rows padded at the end in half of the cases (chunk counts
+/// then can differ inside a pair). Same checks.
+#[test]
+fn gpu_fast_path_on_paired_rows_matches_reference() {
+    let cases = (
+        case(vec![64], vec![128], 1..=200, 65..=700),
+        prop::sample::select(vec![1.0f64, 0.5]),
+        0usize..=2,
+    )
+        .prop_map(
+            |((mut shape, opts, seed, dups, short, trailing), share, swaps)| {
+                if shape.rows() % 2 == 1 {
+                    shape.seq_q += 1;
+                }
+                ((shape, opts, seed, dups, short, trailing), (share, swaps))
+            },
+        );
+    let paired = std::cell::Cell::new(0u32);
+    let ran = run_cases_with(
+        "gpu_fast_path_on_paired_rows_matches_reference",
+        cases,
+        32,
+        |p, rng, (share, swaps)| {
+            p.pair_rows(rng, share, swaps);
+            let (rows, topk) = (p.shape.rows() as u32, p.shape.topk as u32);
+            if kernels_gpu::sm90::ids_pair_up(&p.ids, rows, topk) {
+                paired.set(paired.get() + 1);
+            }
+        },
+    );
+    // Half of the cases pair every row: the dispatch must pick the paired
+    // kernel for (nearly) all of those (binomial(32, 1/2) < 4: p ~ 1e-6).
+    if ran {
+        println!("paired kernel picked in {} of 32 cases", paired.get());
+        assert!(
+            paired.get() >= 4,
+            "paired kernel picked {} times",
+            paired.get()
+        );
+    }
+}
+
 fn run_cases(name: &str, strategy: impl Strategy<Value = Case>, cases: u32) {
+    run_cases_with(name, strategy.prop_map(|c| (c, ())), cases, |_, _, _| {});
+}
+
+/// [`run_cases`] with a change to each drawn problem (`edit(problem, rng,
+/// extra)`) before its padding is rewritten. Returns whether a GPU ran
+/// the cases (false when the test is skipped without one).
+fn run_cases_with<E: Clone + std::fmt::Debug>(
+    name: &str,
+    strategy: impl Strategy<Value = (Case, E)>,
+    cases: u32,
+    edit: impl Fn(&mut Problem, &mut rand::rngs::StdRng, E),
+) -> bool {
     let Some(ctx) = gpu(name) else {
-        return;
+        return false;
     };
     let mut runner = TestRunner::new(Config {
         cases,
@@ -139,43 +200,49 @@ fn run_cases(name: &str, strategy: impl Strategy<Value = Case>, cases: u32) {
     });
     let n = std::cell::Cell::new(0usize);
     runner
-        .run(&strategy, |(shape, opts, seed, dups, short, trailing)| {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let gen = Gen {
-                values: Values::Grid,
-                padding: Padding::NegOne,
-                short_rows: if short { 0.5 } else { 0.1 },
-                trailing,
-                duplicates: dups,
-                masked: 0.05,
-            };
-            let mut p = Problem::random(&mut rng, shape, opts, gen);
-            let a = run_gpu(&ctx, &p);
-            check_against_reference(&p, &a);
-            p.repad(&mut rng, Padding::OutOfRange);
-            let b = run_gpu(&ctx, &p);
-            check_against_reference(&p, &b);
-            prop_assert!(
-                a.d_index_q
+        .run(
+            &strategy,
+            |((shape, opts, seed, dups, short, trailing), extra)| {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let gen = Gen {
+                    values: Values::Grid,
+                    padding: Padding::NegOne,
+                    short_rows: if short { 0.5 } else { 0.1 },
+                    trailing,
+                    duplicates: dups,
+                    masked: 0.05,
+                };
+                let mut p = Problem::random(&mut rng, shape, opts, gen);
+                edit(&mut p, &mut rng, extra);
+                p.repad(&mut rng, Padding::NegOne);
+                let a = run_gpu(&ctx, &p);
+                check_against_reference(&p, &a);
+                p.repad(&mut rng, Padding::OutOfRange);
+                let b = run_gpu(&ctx, &p);
+                check_against_reference(&p, &b);
+                prop_assert!(
+                    a.d_index_q
+                        .iter()
+                        .zip(&b.d_index_q)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "d_index_q differs between paddings"
+                );
+                prop_assert_eq!(
+                    &a.d_weights_bits,
+                    &b.d_weights_bits,
+                    "d_weights differs between paddings"
+                );
+                prop_assert!(a
+                    .grad_signal
                     .iter()
-                    .zip(&b.d_index_q)
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "d_index_q differs between paddings"
-            );
-            prop_assert_eq!(
-                &a.d_weights_bits,
-                &b.d_weights_bits,
-                "d_weights differs between paddings"
-            );
-            prop_assert!(a
-                .grad_signal
-                .iter()
-                .zip(&b.grad_signal)
-                .all(|(x, y)| x.to_bits() == y.to_bits()));
-            n.set(n.get() + 1);
-            Ok::<(), TestCaseError>(())
-        })
+                    .zip(&b.grad_signal)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()));
+                n.set(n.get() + 1);
+                Ok::<(), TestCaseError>(())
+            },
+        )
         .unwrap();
     println!("{name}: {} cases passed", n.get());
     assert_eq!(n.get(), cases as usize);
+    true
 }

@@ -294,6 +294,9 @@ fn dynamic_smem(kernel: &str) -> String {
     if kernel == kernels_gpu::sm90::WG_KERNEL {
         return kernels_gpu::sm90::SMEM.bytes.to_string();
     }
+    if kernel == kernels_gpu::sm90::WG_PAIR_KERNEL {
+        return kernels_gpu::sm90::PAIR.bytes.to_string();
+    }
     for h in SUPPORTED_HEADS {
         for d in SUPPORTED_DIMS {
             if grad_kernel_name(h, d) == Some(kernel) {

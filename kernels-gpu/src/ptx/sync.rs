@@ -16,6 +16,65 @@ pub unsafe fn bar_sync() {
     unsafe { asm!("barrier.sync 0;", options(nostack)) }
 }
 
+/// `barrier.sync id, count`: a named barrier of `count` threads (a multiple
+/// of 32) that a subset of the CTA's warps use on their own, e.g. one half
+/// of a CTA that runs two independent pipelines. Orders the participants'
+/// memory accesses like [`bar_sync`].
+///
+/// # Safety
+/// Exactly `count` threads, whole warps, must reach barrier `id` (1..16,
+/// never 0 while other warps use barrier 0 for a different count), with
+/// uniform control flow in each warp.
+#[inline(always)]
+pub unsafe fn bar_sync_named(id: u32, count: u32) {
+    // SAFETY: the caller guarantees the participant count and uniformity.
+    // No `nomem`: a barrier that orders memory.
+    unsafe {
+        asm!("barrier.sync {id}, {n};", id = in(reg32) id, n = in(reg32) count, options(nostack))
+    }
+}
+
+/// `barrier.arrive id, count`: marks this thread's arrival at named
+/// barrier `id` of `count` threads without waiting. When the barrier
+/// completes (the other participants reach it with [`bar_sync_named`]),
+/// this thread's memory accesses before the arrival are performed relative
+/// to them: a producer's signal to consumers.
+///
+/// # Safety
+/// As [`bar_sync_named`]: `count` threads in all (arriving plus syncing),
+/// whole warps, uniform control flow in each warp.
+#[inline(always)]
+pub unsafe fn bar_arrive_named(id: u32, count: u32) {
+    // SAFETY: the caller guarantees the participant count and uniformity.
+    // No `nomem`: it orders this thread's earlier memory accesses.
+    unsafe {
+        asm!("barrier.arrive {id}, {n};", id = in(reg32) id, n = in(reg32) count, options(nostack))
+    }
+}
+
+/// `barrier.red.popc.u32 d, 0, p`: a CTA-wide barrier (barrier 0, every
+/// thread) that also returns, in every thread, how many threads passed
+/// `p = true`. Orders memory like [`bar_sync`].
+///
+/// # Safety
+/// Every thread of the CTA must reach it (uniform control flow), and no
+/// other use of barrier 0 may be in flight.
+#[inline(always)]
+pub unsafe fn bar_red_popc(p: bool) -> u32 {
+    let d: u32;
+    // SAFETY: the caller guarantees CTA-wide participation. No `nomem`: a
+    // barrier that orders memory.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {v}, 0; barrier.red.popc.u32 {d}, 0, p; }}",
+            d = out(reg32) d,
+            v = in(reg32) p as u32,
+            options(nostack),
+        )
+    }
+    d
+}
+
 /// `bar.warp.sync 0xffffffff`: the 32 lanes of the warp reconverge here,
 /// and memory accesses of each lane before it are ordered before those of
 /// every lane after it.

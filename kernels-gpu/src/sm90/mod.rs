@@ -22,6 +22,12 @@ mod wg;
 
 /// PTX entry name of the wgmma row kernel (sm_90a PTX only).
 pub const WG_KERNEL: &str = "indexer_bwd_wg_h64_d128";
+/// PTX entry name of the paired wgmma kernel (sm_90a PTX only): one CTA
+/// per SM of two halves, each half the row kernel's two warpgroups on its
+/// own copy of [`SMEM`], walking rows `2 p` and `2 p + 1` of the same pairs
+/// in step, so that where the two rows select the same key in the same
+/// slot the pair reduces the sum of both dK rows once ([`PAIR`]).
+pub const WG_PAIR_KERNEL: &str = "indexer_bwd_wg_pair_h64_d128";
 
 /// Heads of the wgmma kernel (the M = 64 of one warpgroup MMA).
 pub const HEADS: u32 = 64;
@@ -124,6 +130,96 @@ pub const SMEM: WgSmem = {
 
 /// Resident CTAs per SM the kernel is built for (launch bounds).
 pub const CTAS_PER_SM: u32 = 2;
+
+/// Launch shape of the paired kernel ([`WG_PAIR_KERNEL`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PairLayout {
+    /// Threads per CTA: two halves of [`THREADS`].
+    pub threads: u32,
+    /// Bytes between the two halves' copies of [`SMEM`] (1024-aligned).
+    pub half_stride: u32,
+    /// Dynamic shared memory to request.
+    pub bytes: u32,
+}
+
+/// The paired kernel's launch shape: two copies of the row kernel's
+/// layout, the second on the next 1024-byte boundary.
+pub const PAIR: PairLayout = {
+    let half_stride = SMEM.used.div_ceil(1024) * 1024;
+    PairLayout {
+        threads: 2 * THREADS,
+        half_stride,
+        bytes: 2 * half_stride + ALIGN_SLACK,
+    }
+};
+
+/// Persistent grid of the paired kernel: one CTA per SM, never more than
+/// row pairs (`rows` must be even, [`supports_pairs`]).
+pub const fn pair_grid(rows: u32, sms: u32) -> u32 {
+    let pairs = rows / 2;
+    if pairs < sms {
+        pairs
+    } else {
+        sms
+    }
+}
+
+/// Row pairs the dispatch test samples.
+pub const PAIR_SAMPLES: u32 = 8;
+/// Leading slots of each sampled pair the dispatch test compares.
+pub const PAIR_SAMPLE_SLOTS: u32 = 32;
+
+/// Pair sampled by the dispatch test's `i`-th sample (`i <` [`PAIR_SAMPLES`])
+/// among `pairs >= 1` row pairs: the midpoints of eight equal ranges (not
+/// pair 0, whose causal rows hold a single key).
+pub const fn pair_sample(pairs: u32, i: u32) -> u32 {
+    ((2 * i as u64 + 1) * pairs as u64 / (2 * PAIR_SAMPLES as u64)) as u32
+}
+
+/// The dispatch test's verdict: the paired kernel runs when at least half
+/// of the sampled slots (`PAIR_SAMPLES` pairs x their first
+/// `min(topk, PAIR_SAMPLE_SLOTS)` slots) hold the same valid id in both
+/// rows of the pair. Every CTA of both kernels computes it from the same
+/// samples, so they agree; it only picks the faster kernel, both are
+/// correct on any ids.
+pub const fn pairs_match(matches: u32, topk: u32) -> bool {
+    let n = if topk < PAIR_SAMPLE_SLOTS {
+        topk
+    } else {
+        PAIR_SAMPLE_SLOTS
+    };
+    matches > 0 && 2 * matches >= PAIR_SAMPLES * n
+}
+
+/// The dispatch test on ids held by the host (`rows x topk`, row major):
+/// what every CTA of both kernels computes on the device (sampled pairs
+/// [`pair_sample`], their first slots, the same id `>= 0` in both rows,
+/// [`pairs_match`]). For tests and tools that want to know which kernel
+/// a problem runs; `false` for an odd number of rows (no paired kernel).
+pub fn ids_pair_up(ids: &[i32], rows: u32, topk: u32) -> bool {
+    let pairs = rows / 2;
+    if rows % 2 == 1 || pairs == 0 || ids.len() < rows as usize * topk as usize {
+        return false;
+    }
+    let mut matches = 0;
+    for i in 0..PAIR_SAMPLES {
+        let a = (2 * pair_sample(pairs, i) * topk) as usize;
+        for t in 0..topk.min(PAIR_SAMPLE_SLOTS) as usize {
+            let (x, y) = (ids[a + t], ids[a + topk as usize + t]);
+            if x >= 0 && x == y {
+                matches += 1;
+            }
+        }
+    }
+    pairs_match(matches, topk)
+}
+
+/// Whether the paired kernel runs `rows` query rows: it takes them in
+/// pairs `(2 p, 2 p + 1)`, so their number must be even (odd counts run the
+/// row kernel).
+pub const fn supports_pairs(rows: u64, topk: u64) -> bool {
+    rows.is_multiple_of(2) && supports(rows, topk)
+}
 
 /// Persistent grid: one CTA per resident slot, never more than rows.
 pub const fn grid(rows: u32, sms: u32) -> u32 {
@@ -290,6 +386,9 @@ const SMEM_RESERVED_PER_CTA: u32 = 1024;
 
 // CTAS_PER_SM CTAs per SM (launch bounds) must fit.
 const _: () = assert!(CTAS_PER_SM * (SMEM.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
+// One paired CTA per SM must fit, its halves 1024-byte aligned.
+const _: () = assert!(PAIR.bytes + SMEM_RESERVED_PER_CTA <= SMEM_PER_SM);
+const _: () = assert!(PAIR.half_stride.is_multiple_of(1024) && PAIR.half_stride >= SMEM.used);
 // Operand tiles start on swizzle-pattern boundaries.
 const _: () = {
     assert!(SMEM.q.is_multiple_of(1024) && SMEM.k.is_multiple_of(1024));
@@ -427,6 +526,77 @@ mod tests {
             }
         }
         assert_eq!(it as usize, want.len());
+    }
+
+    #[test]
+    fn pair_layout_holds_two_copies_of_the_row_layout_on_one_sm() {
+        assert_eq!(PAIR.threads, 2 * THREADS);
+        assert!(PAIR.half_stride >= SMEM.used && PAIR.half_stride % 1024 == 0);
+        assert!(
+            PAIR.half_stride - SMEM.used < 1024,
+            "no more padding than alignment needs"
+        );
+        assert_eq!(PAIR.bytes, 2 * PAIR.half_stride + ALIGN_SLACK);
+        assert!(PAIR.bytes + SMEM_RESERVED_PER_CTA <= SMEM_PER_SM);
+        assert_eq!(pair_grid(8192, 132), 132);
+        assert_eq!(pair_grid(10, 132), 5);
+        assert!(supports_pairs(8192, 2048) && !supports_pairs(8191, 2048));
+        assert!(
+            !supports_pairs(8192, 64),
+            "the row kernel's own limits apply"
+        );
+    }
+
+    #[test]
+    fn dispatch_samples_spread_pairs_and_needs_half_the_slots_to_match() {
+        // Midpoints of eight equal ranges: distinct, ascending, in range,
+        // never pair 0 once there are enough pairs.
+        let s: std::vec::Vec<u32> = (0..PAIR_SAMPLES).map(|i| pair_sample(4096, i)).collect();
+        assert_eq!(s, [256, 768, 1280, 1792, 2304, 2816, 3328, 3840]);
+        for pairs in [1u32, 2, 7, 8, 9, 1 << 30] {
+            for i in 0..PAIR_SAMPLES {
+                assert!(pair_sample(pairs, i) < pairs, "pairs {pairs} sample {i}");
+            }
+        }
+        // Threshold: half of 8 x min(topk, 32) sampled slots, never zero.
+        assert!(pairs_match(128, 2048) && !pairs_match(127, 2048));
+        assert!(pairs_match(4, 1) && !pairs_match(3, 1));
+        assert!(!pairs_match(0, 0));
+    }
+
+    #[test]
+    fn dispatch_test_on_host_ids_tells_ragged_rows_from_uniform_ones() {
+        let (rows, topk) = (512u32, 100u32);
+        // SPEC's ragged ids: row r sees keys 0 ..= r / 2 in its first slots.
+        let ragged: std::vec::Vec<i32> = (0..rows * topk)
+            .map(|i| {
+                let (r, t) = (i / topk, i % topk);
+                if t <= r / 2 {
+                    t as i32
+                } else {
+                    -1
+                }
+            })
+            .collect();
+        assert!(ids_pair_up(&ragged, rows, topk));
+        // Odd rows shifted by one key: no slot matches.
+        let shifted: std::vec::Vec<i32> = (0..rows * topk)
+            .map(|i| ((i % topk) + (i / topk) % 2) as i32)
+            .collect();
+        assert!(!ids_pair_up(&shifted, rows, topk));
+        // Padding never counts as a match.
+        assert!(!ids_pair_up(
+            &std::vec![-1; (rows * topk) as usize],
+            rows,
+            topk
+        ));
+        // Odd row counts and short buffers run the row kernel.
+        assert!(!ids_pair_up(
+            &ragged[..((rows - 1) * topk) as usize],
+            rows - 1,
+            topk
+        ));
+        assert!(!ids_pair_up(&ragged[..10], rows, topk));
     }
 
     #[test]

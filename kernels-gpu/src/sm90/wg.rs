@@ -21,6 +21,17 @@
 //! dependent and waits for it (`griddepcontrol.wait`) only before reading
 //! grad_signal or adding into dK.
 //!
+//! The paired kernel (`super::WG_PAIR_KERNEL`) runs this body twice per
+//! CTA, one half per pair of warpgroups on its own copy of the shared
+//! memory layout, rows `2 p` and `2 p + 1` of the same pairs `p` in step:
+//! after staging an item's dK rows a half signals the other (named barrier
+//! STAGED) and waits for the other's, and each slot that holds the same key
+//! row in both halves is reduced once, as the sum of both staged rows; a
+//! half reuses its staging only after the other has read it (FREE). For
+//! SPEC's ragged ids (rows 2i and 2i + 1 identical) that halves the
+//! reductions. Both kernels start with the same test on sampled ids
+//! ([`pairs_up`]), and only the one it picks computes.
+//!
 //! Work split per chunk: warpgroup `wg` computes S for slots
 //! `32 wg .. 32 wg + 32` (all 64 heads), then dQ and dK for the D columns
 //! `64 wg .. 64 wg + 64`. Every sum feeding d_index_q and d_weights runs in
@@ -28,10 +39,11 @@
 //! is accumulated by reductions.
 
 use super::{
-    desc, row_at, row_chunks, rows_of, swizzle, Pos, Walk, ATOM_BYTES, CHUNK, DIM, DK_STRIDE,
-    HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS,
+    desc, pair_sample, pairs_match, row_at, row_chunks, rows_of, swizzle, Pos, Walk, ATOM_BYTES,
+    CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, PAIR, PAIR_SAMPLES, PAIR_SAMPLE_SLOTS, Q_BLOCK,
+    Q_BYTES, ROW_BYTES, SMEM, THREADS,
 };
-use crate::params::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_ROW_CHUNKS};
+use crate::params::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, global, griddep, sreg, sync, wgmma};
 use crate::score::resolve;
@@ -43,6 +55,13 @@ const ROWS_PER_WARP: u32 = CHUNK / WARPS;
 const _: () = assert!(ROWS_PER_WARP.is_power_of_two());
 /// 16-byte vectors per bf16 row of D.
 const VECS: u32 = DIM / 8;
+/// Named barriers of the paired kernel (0 is unused there; each half's
+/// own barrier is `1 + half`): `BAR_STAGED + h`, half h's dK staging of the
+/// current item is complete (h arrives, the other half waits);
+/// `BAR_FREE + h`, the other half has read half h's staging (it arrives,
+/// h waits before staging its next item).
+const BAR_STAGED: u32 = 3;
+const BAR_FREE: u32 = 5;
 
 /// The kernel body.
 ///
@@ -52,20 +71,50 @@ const VECS: u32 = DIM / 8;
 /// `super::supports(B * S_q, topk)`, as the programmatic dependent of
 /// `super::stage1` on the same parameters (or after it completed), and a
 /// `GradParams` whose pointers and sizes the host has validated.
+///
+/// `PAIRED`: the paired kernel's body instead ([`super::WG_PAIR_KERNEL`]:
+/// `super::pair_grid` CTAs of `PAIR.threads`, `PAIR.bytes` of dynamic
+/// shared memory, an even number of rows). Half `h` of CTA `cta` runs this
+/// body on rows `2 (cta + k grid) + h` with its own copy of the layout;
+/// both halves walk the same number of chunks per pair (the longer row's)
+/// and every barrier of the item loop spans both halves, so that the
+/// reduction of an item sees both halves' staged dK rows.
 #[inline(always)]
-unsafe fn stage2(p: &GradParams) {
+unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     const H: usize = HEADS as usize;
     const D: usize = DIM as usize;
     let l = SMEM;
+    let tid_cta = sreg::thread_idx_x();
+    // This thread's half of a paired CTA (0 in the row kernel): a
+    // constant, each half runs its own copy of the body. (Derived from
+    // %tid.x at run time, ptxas computed the tile addresses and wgmma
+    // descriptors per thread and moved each to a uniform register before
+    // every wgmma: 11-13% slower on the SPEC workload.)
+    let half = HALF;
     // The tensor cores apply the swizzle to absolute address bits: align the
     // tiles to 1024 bytes whatever the driver's base alignment is.
-    let base = SmemAddr((smem::base().0 + 1023) & !1023);
+    let base0 = (smem::base().0 + 1023) & !1023;
+    let base = SmemAddr(base0 + half * PAIR.half_stride);
+    // Barrier of this thread's half (prologue), and of the item loop (both
+    // halves of a paired CTA).
+    let bar_half = || {
+        // SAFETY: called with uniform control flow by every thread of the
+        // half (of the CTA in the row kernel); barrier 1 + half is used by
+        // no one else, with THREADS threads.
+        unsafe {
+            if PAIRED {
+                sync::bar_sync_named(1 + half, THREADS)
+            } else {
+                sync::bar_sync()
+            }
+        }
+    };
     let (sq0, sk, sds, sdk) = (base.add(l.q), base.add(l.k), base.add(l.ds), base.add(l.dk));
     let (sgs0, srows0, sred_rows) = (base.add(l.gs), base.add(l.rows), base.add(l.red_rows));
     let sids0 = base.add(l.ids);
     let (sw0, sred) = (base.add(l.w), base.add(l.red));
 
-    let tid = sreg::thread_idx_x();
+    let tid = if PAIRED { tid_cta % THREADS } else { tid_cta }; // thread inside the half
     let warp = tid / 32;
     let lane = tid % 32;
     let wg = tid / 128; // warpgroup
@@ -73,7 +122,12 @@ unsafe fn stage2(p: &GradParams) {
     let g = lane / 4;
     let c = 2 * (lane % 4);
     let (cta, ctas) = (sreg::block_idx_x(), sreg::grid_dim_x());
-    let rows = p.batch * p.seq_q;
+    // Units dealt to CTAs: rows, or row pairs in the paired kernel.
+    let units = if PAIRED {
+        p.batch * p.seq_q / 2
+    } else {
+        p.batch * p.seq_q
+    };
     let topk = p.topk;
     let sm_scale = p.sm_scale;
     let ids = p.topk_indices as *const i32;
@@ -86,8 +140,30 @@ unsafe fn stage2(p: &GradParams) {
     // skipped), else all of them. Index arithmetic in u32: the host checks
     // B*S_q*topk < 2^32 (`super::supports`).
     let nchunks = topk.div_ceil(CHUNK);
-    let my_rows = rows_of(rows, ctas, cta);
-    let row_of = |k: u32| row_at(ctas, cta, k);
+    // The dispatch test (paired kernel, or the row kernel launched after
+    // it): a CTA of the kernel it did not pick has no rows. With the test
+    // in the paired kernel, ptxas moves part of the item loop's uniform
+    // arithmetic to per-thread registers, whether the verdict is used as
+    // here (through a warp reduction, into a uniform register), as an
+    // early exit in the entry, or inside this function; together with the
+    // row kernel's launch that follows, the paired path measured 1-2%
+    // slower on ragged ids than the paired kernel launched alone.
+    // SAFETY: every thread of the CTA runs this (uniform control flow).
+    let go = unsafe {
+        if PAIRED || p.flags & FLAG_PAIR_DISPATCH != 0 {
+            sync::warp_max_u32(pairs_up(p) as u32) == PAIRED as u32
+        } else {
+            true
+        }
+    };
+    let my_rows = if go { rows_of(units, ctas, cta) } else { 0 };
+    let row_of = |k: u32| {
+        if PAIRED {
+            2 * row_at(ctas, cta, k) + half
+        } else {
+            row_at(ctas, cta, k)
+        }
+    };
     let q_buf = |k: u32| sq0.add((k % 2) * Q_BYTES);
     let w_buf = |k: u32| sw0.add((k % 2) * HEADS * 4);
     // Live chunks of local row k as stage 1 counted them (all of them
@@ -100,11 +176,27 @@ unsafe fn stage2(p: &GradParams) {
         if p.flags & FLAG_ROW_CHUNKS == 0 {
             return nchunks;
         }
-        let at = row_chunks_at(row_of(k), p.flags);
-        // SAFETY: read after griddepcontrol.wait: stage 1 wrote the count
-        // over the first two bytes of the row's d_weights block (at least
-        // 2-byte aligned), which only this CTA writes, at the row's end.
-        unsafe { *(p.d_weights as *const u8).add(at).cast::<u16>() as u32 }
+        let count = |row: u32| -> u32 {
+            let at = row_chunks_at(row, p.flags);
+            // SAFETY: read after griddepcontrol.wait: stage 1 wrote the
+            // count over the first two bytes of the row's d_weights block
+            // (at least 2-byte aligned), which only this CTA writes, at the
+            // row's end, a row after this read and behind the barriers of
+            // its items (in the paired kernel, barriers of both halves).
+            unsafe { *(p.d_weights as *const u8).add(at).cast::<u16>() as u32 }
+        };
+        if PAIRED {
+            // Both halves walk the pair's longer row.
+            let r0 = 2 * row_at(ctas, cta, k);
+            let (a, b) = (count(r0), count(r0 + 1));
+            if a > b {
+                a
+            } else {
+                b
+            }
+        } else {
+            count(row_of(k))
+        }
     };
     // Chunks the kernel runs for a loaded count. The count is the same in
     // every lane; it goes through a warp reduction because the result lands
@@ -265,6 +357,13 @@ unsafe fn stage2(p: &GradParams) {
     // precedes this row's first chunk), and is waited for at the M of this
     // row's second chunk (every row runs >= 2) before S of row k+1 is issued.
     if my_rows == 0 {
+        if PAIRED {
+            // The row kernel, launched next as this grid's programmatic
+            // dependent, relies on this grid completing only after stage 1
+            // did (it reads what stage 1 wrote).
+            // SAFETY: waits for the stage-1 grid.
+            unsafe { griddep::wait() };
+        }
         return;
     }
     // Items 0 and 1 are chunks 0 and 1 of row 0 whatever the counts.
@@ -272,16 +371,16 @@ unsafe fn stage2(p: &GradParams) {
     load_row(0);
     put_row(p0, load_id(p0), 0);
     put_row(p1, load_id(p1), 1);
-    // SAFETY: uniform barrier: key rows of items 0 and 1.
-    unsafe { sync::bar_sync() };
+    // Uniform barrier: key rows of items 0 and 1.
+    bar_half();
     gather(0);
     gather(1);
     cp_async::wait_all();
     // cp.async writes are generic-proxy writes; wgmma reads through the
     // async proxy.
     bulk::fence_proxy_async_shared();
-    // SAFETY: uniform barrier: q, weights, K(0), K(1).
-    unsafe { sync::bar_sync() };
+    // Uniform barrier: q, weights, K(0), K(1).
+    bar_half();
     let mut s = [0.0f32; 16];
     issue_s(&mut s, p0, 0);
     // Everything above only read inputs stage 1 does not write; S(0) runs
@@ -296,8 +395,8 @@ unsafe fn stage2(p: &GradParams) {
     fetch(walk.pos(2), 0, p0, 0);
     fetch(p0, 1, p1, 1); // (the id copy into set 1 is overwritten unused)
     cp_async::wait_all();
-    // SAFETY: uniform barrier: grad_signal of items 0 and 1.
-    unsafe { sync::bar_sync() };
+    // Uniform barrier: grad_signal of items 0 and 1.
+    bar_half();
     let mut acc_q = [0.0f32; 32]; // dQ, heads x this warpgroup's 64 D columns
     let mut dw = [0.0f32; 2]; // d_weights partials of heads 16 wi + g (+ 8)
     let mut it = 0u32; // index of the current item in the CTA's sequence
@@ -342,8 +441,8 @@ unsafe fn stage2(p: &GradParams) {
             }
             bulk::fence_proxy_async_shared();
         }
-        // SAFETY: uniform barrier (B2): dS complete and fenced.
-        unsafe { sync::bar_sync() };
+        // Uniform barrier (B2): dS complete and fenced.
+        bar_half();
 
         // ---- MMA: dQ += dS K (A = dS K-major: heads x slots; B = K chunk
         // MN-major: slots x this warpgroup's 64 D columns) ----
@@ -365,6 +464,13 @@ unsafe fn stage2(p: &GradParams) {
             wgmma::dk_m64n64(&mut kacc, da, db);
         }
 
+        // Paired: the other half is done reading this half's staging of
+        // the previous item (its reductions of that item signalled FREE).
+        if PAIRED && it > 0 {
+            // SAFETY: uniform in the CTA: the halves walk the same items;
+            // this half's 256 threads wait, the other half's arrive.
+            unsafe { sync::bar_sync_named(BAR_FREE + half, PAIR.threads) };
+        }
         // ---- reduce, part 1: stage dK rows (f32, scaled) in shared
         // memory and keep the chunk's key rows for part 2 ----
         // SAFETY: each thread writes its own fragment elements (distinct
@@ -383,6 +489,11 @@ unsafe fn stage2(p: &GradParams) {
             if tid < CHUNK {
                 smem::st_u32(sred_rows.add(4 * tid), smem::ld_u32(srows.add(4 * tid)));
             }
+        }
+        if PAIRED {
+            // SAFETY: as above; the other half waits at STAGED before its
+            // reductions of this item.
+            unsafe { sync::bar_arrive_named(BAR_STAGED + half, PAIR.threads) };
         }
 
         // ---- at the row's end: d_index_q (bf16 pairs) and this thread's
@@ -427,10 +538,10 @@ unsafe fn stage2(p: &GradParams) {
             put_row(ahead2, raw_id(ahead2, set), set);
         }
         bulk::fence_proxy_async_shared();
-        // SAFETY: uniform barrier (M): staging, key rows and d_weights
-        // partials of c, K(c+1) (and the next row's q) and the slot data of
-        // c+2 visible; every wgmma of c complete.
-        unsafe { sync::bar_sync() };
+        // Uniform barrier (M): staging, key rows and d_weights partials of
+        // c, K(c+1) (and the next row's q) and the slot data of c+2
+        // visible; every wgmma of c complete.
+        bar_half();
         if ahead2.k < my_rows {
             gather(set);
         }
@@ -450,6 +561,11 @@ unsafe fn stage2(p: &GradParams) {
             n_pending = load_count(k + 2);
         }
 
+        // Paired: the other half's staging of this item is complete.
+        if PAIRED {
+            // SAFETY: as above (this half waits, the other arrives).
+            unsafe { sync::bar_sync_named(BAR_STAGED + 1 - half, PAIR.threads) };
+        }
         // ---- reduce, part 2: each warp adds eight whole staged rows with
         // coalesced vector reductions (one 512-byte row per warp
         // instruction) while the tensor cores run S(c+1) ----
@@ -465,15 +581,37 @@ unsafe fn stage2(p: &GradParams) {
             // faster, uniform 1-2%, topk 1024 unchanged.
             let slot = warp * ROWS_PER_WARP + (i ^ (sreg::block_idx_x_here() % ROWS_PER_WARP));
             // SAFETY: the staged row and its key row are complete (barrier
-            // M); a valid key row lies inside the (B*S_k, D) accumulator,
-            // 16-byte aligned (host-checked base, D*4 a multiple of 16).
+            // M, of both halves in the paired kernel); a valid key row lies
+            // inside the (B*S_k, D) accumulator, 16-byte aligned
+            // (host-checked base, D*4 a multiple of 16).
             unsafe {
                 let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
-                if r >= 0 {
-                    let v = smem::ld_v4_f32(sdk.add(slot * DK_STRIDE + lane * 16));
+                // Paired: where the other half's row selected the same key
+                // in this slot, one half (alternating by groups of four
+                // slots, so every warp does half of them) reduces the sum of
+                // both staged rows and the other skips it.
+                let half = half;
+                let pbase = SmemAddr(base0 + (1 - half) * PAIR.half_stride);
+                let (psdk, psred_rows) = (pbase.add(l.dk), pbase.add(l.red_rows));
+                let shared = PAIRED && r == smem::ld_u32(psred_rows.add(4 * slot)) as i32;
+                if r >= 0 && (!shared || (slot / 4) % 2 == half) {
+                    let at = slot * DK_STRIDE + lane * 16;
+                    let mut v = smem::ld_v4_f32(sdk.add(at));
+                    if shared {
+                        let o = smem::ld_v4_f32(psdk.add(at));
+                        v = [v[0] + o[0], v[1] + o[1], v[2] + o[2], v[3] + o[3]];
+                    }
                     global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
                 }
             }
+        }
+
+        // Paired: done reading the other half's staging of this item; it
+        // waits for this before staging its next one (none after the CTA's
+        // last item, so no arrival is left pending at exit).
+        if PAIRED && !(last && k + 1 == my_rows) {
+            // SAFETY: as above (this half arrives, the other waits).
+            unsafe { sync::bar_arrive_named(BAR_FREE + 1 - half, PAIR.threads) };
         }
 
         if last {
@@ -515,6 +653,33 @@ unsafe fn stage2(p: &GradParams) {
     cp_async::wait_all();
 }
 
+/// The dispatch test (`super::pairs_match` on sampled ids): whether the
+/// paired kernel computes this execute. With [`FLAG_PAIR_DISPATCH`] the
+/// host launched the paired kernel, then the row kernel; both run this
+/// first and only the one it picks goes on.
+///
+/// # Safety
+/// Every thread of the CTA calls it (it is a CTA barrier); `p` validated
+/// by the host.
+#[inline(always)]
+unsafe fn pairs_up(p: &GradParams) -> bool {
+    let tid = sreg::thread_idx_x();
+    let topk = p.topk;
+    // Warp i < PAIR_SAMPLES compares the first slots of sampled pair i.
+    let (i, t) = (tid / 32, tid % 32);
+    let pairs = p.batch * p.seq_q / 2;
+    let hit = i < PAIR_SAMPLES && t < topk.min(PAIR_SAMPLE_SLOTS) && pairs > 0 && {
+        let a = (2 * pair_sample(pairs, i) * topk + t) as usize;
+        let ids = p.topk_indices as *const i32;
+        // SAFETY: rows 2q and 2q + 1 < B*S_q (q < pairs), t < topk: inside
+        // topk_indices (host-checked length); inputs only.
+        let (x, y) = unsafe { (*ids.add(a), *ids.add(a + topk as usize)) };
+        x >= 0 && x == y
+    };
+    // SAFETY: every thread of the CTA reaches it (caller's contract).
+    pairs_match(unsafe { sync::bar_red_popc(hit) }, topk)
+}
+
 /// Persistent warpgroup-MMA stage-2 kernel for H = 64, D = 128; see
 /// [`stage2`] for the launch contract.
 ///
@@ -523,5 +688,23 @@ unsafe fn stage2(p: &GradParams) {
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h64_d128(p: GradParams) {
     // SAFETY: forwarded launch contract.
-    unsafe { stage2(&p) }
+    unsafe { stage2::<false, 0>(&p) }
+}
+
+/// Paired persistent warpgroup-MMA stage-2 kernel for H = 64, D = 128 (two
+/// rows per CTA in step, shared key rows reduced once); see [`stage2`] for
+/// the launch contract.
+///
+/// # Safety
+/// As [`stage2`] with `PAIRED`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_pair_h64_d128(p: GradParams) {
+    // SAFETY: forwarded launch contract.
+    unsafe {
+        if sreg::thread_idx_x() < THREADS {
+            stage2::<true, 0>(&p)
+        } else {
+            stage2::<true, 1>(&p)
+        }
+    }
 }
