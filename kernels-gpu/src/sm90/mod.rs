@@ -530,14 +530,15 @@ mod tests {
 
     #[test]
     fn pair_layout_holds_two_copies_of_the_row_layout_on_one_sm() {
-        assert_eq!(PAIR.threads, 2 * THREADS);
-        assert!(PAIR.half_stride >= SMEM.used && PAIR.half_stride % 1024 == 0);
+        let (p, used) = (PAIR, SMEM.used);
+        assert_eq!(p.threads, 2 * THREADS);
+        assert!(p.half_stride >= used && p.half_stride.is_multiple_of(1024));
         assert!(
-            PAIR.half_stride - SMEM.used < 1024,
+            p.half_stride - used < 1024,
             "no more padding than alignment needs"
         );
-        assert_eq!(PAIR.bytes, 2 * PAIR.half_stride + ALIGN_SLACK);
-        assert!(PAIR.bytes + SMEM_RESERVED_PER_CTA <= SMEM_PER_SM);
+        assert_eq!(p.bytes, 2 * p.half_stride + ALIGN_SLACK);
+        assert!(p.bytes + SMEM_RESERVED_PER_CTA <= SMEM_PER_SM);
         assert_eq!(pair_grid(8192, 132), 132);
         assert_eq!(pair_grid(10, 132), 5);
         assert!(supports_pairs(8192, 2048) && !supports_pairs(8191, 2048));
