@@ -176,24 +176,31 @@ pub const fn pair_sample(pairs: u32, i: u32) -> u32 {
     ((2 * i as u64 + 1) * pairs as u64 / (2 * PAIR_SAMPLES as u64)) as u32
 }
 
+/// Leading slots of each sampled pair the dispatch test compares at this
+/// topk: `min(topk, PAIR_SAMPLE_SLOTS)`.
+pub fn sampled_slots(topk: u32) -> u32 {
+    topk.min(PAIR_SAMPLE_SLOTS)
+}
+
+/// Whether a sampled slot counts as a match: the same valid (`>= 0`) id in
+/// both rows of the pair.
+pub const fn sample_hit(x: i32, y: i32) -> bool {
+    x >= 0 && x == y
+}
+
 /// The dispatch test's verdict: the paired kernel runs when at least half
 /// of the sampled slots (`PAIR_SAMPLES` pairs x their first
-/// `min(topk, PAIR_SAMPLE_SLOTS)` slots) hold the same valid id in both
-/// rows of the pair. Every CTA of both kernels computes it from the same
-/// samples, so they agree; it only picks the faster kernel, both are
-/// correct on any ids.
-pub const fn pairs_match(matches: u32, topk: u32) -> bool {
-    let n = if topk < PAIR_SAMPLE_SLOTS {
-        topk
-    } else {
-        PAIR_SAMPLE_SLOTS
-    };
+/// [`sampled_slots`]) are matches ([`sample_hit`]). Every CTA of both
+/// kernels computes it from the same samples, so they agree; it only picks
+/// the faster kernel, both are correct on any ids.
+pub fn pairs_match(matches: u32, topk: u32) -> bool {
+    let n = sampled_slots(topk);
     matches > 0 && 2 * matches >= PAIR_SAMPLES * n
 }
 
 /// The dispatch test on ids held by the host (`rows x topk`, row major):
 /// what every CTA of both kernels computes on the device (sampled pairs
-/// [`pair_sample`], their first slots, the same id `>= 0` in both rows,
+/// [`pair_sample`], their first [`sampled_slots`], [`sample_hit`],
 /// [`pairs_match`]). For tests and tools that want to know which kernel
 /// a problem runs; `false` for an odd number of rows (no paired kernel).
 pub fn ids_pair_up(ids: &[i32], rows: u32, topk: u32) -> bool {
@@ -204,9 +211,8 @@ pub fn ids_pair_up(ids: &[i32], rows: u32, topk: u32) -> bool {
     let mut matches = 0;
     for i in 0..PAIR_SAMPLES {
         let a = (2 * pair_sample(pairs, i) * topk) as usize;
-        for t in 0..topk.min(PAIR_SAMPLE_SLOTS) as usize {
-            let (x, y) = (ids[a + t], ids[a + topk as usize + t]);
-            if x >= 0 && x == y {
+        for t in 0..sampled_slots(topk) as usize {
+            if sample_hit(ids[a + t], ids[a + topk as usize + t]) {
                 matches += 1;
             }
         }

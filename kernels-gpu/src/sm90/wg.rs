@@ -39,9 +39,9 @@
 //! is accumulated by reductions.
 
 use super::{
-    desc, pair_sample, pairs_match, row_at, row_chunks, rows_of, swizzle, Pos, Walk, ATOM_BYTES,
-    CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, PAIR, PAIR_SAMPLES, PAIR_SAMPLE_SLOTS, Q_BLOCK,
-    Q_BYTES, ROW_BYTES, SMEM, THREADS,
+    desc, pair_sample, pairs_match, row_at, row_chunks, rows_of, sample_hit, sampled_slots,
+    swizzle, Pos, Walk, ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, PAIR,
+    PAIR_SAMPLES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS,
 };
 use crate::params::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
@@ -76,9 +76,11 @@ const BAR_FREE: u32 = 5;
 /// `super::pair_grid` CTAs of `PAIR.threads`, `PAIR.bytes` of dynamic
 /// shared memory, an even number of rows). Half `h` of CTA `cta` runs this
 /// body on rows `2 (cta + k grid) + h` with its own copy of the layout;
-/// both halves walk the same number of chunks per pair (the longer row's)
-/// and every barrier of the item loop spans both halves, so that the
-/// reduction of an item sees both halves' staged dK rows.
+/// both halves walk the same number of chunks per pair (the longer row's),
+/// each synchronises its own warps as the row kernel does (barrier
+/// `1 + h`), and the named barriers STAGED and FREE order each item's
+/// reductions after both halves' staging and each staging after the other
+/// half's reductions of the previous item.
 #[inline(always)]
 unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     const H: usize = HEADS as usize;
@@ -89,14 +91,15 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     // constant, each half runs its own copy of the body. (Derived from
     // %tid.x at run time, ptxas computed the tile addresses and wgmma
     // descriptors per thread and moved each to a uniform register before
-    // every wgmma: 11-13% slower on the SPEC workload.)
+    // every wgmma: the uncoupled paired kernel ran 8-14% slower than the
+    // row kernel on the SPEC workload, 6-8% with the constant.)
     let half = HALF;
     // The tensor cores apply the swizzle to absolute address bits: align the
     // tiles to 1024 bytes whatever the driver's base alignment is.
     let base0 = (smem::base().0 + 1023) & !1023;
     let base = SmemAddr(base0 + half * PAIR.half_stride);
-    // Barrier of this thread's half (prologue), and of the item loop (both
-    // halves of a paired CTA).
+    // Barrier of this thread's half (of the CTA in the row kernel); the
+    // halves of a paired CTA meet only at STAGED / FREE in the item loop.
     let bar_half = || {
         // SAFETY: called with uniform control flow by every thread of the
         // half (of the CTA in the row kernel); barrier 1 + half is used by
@@ -668,13 +671,13 @@ unsafe fn pairs_up(p: &GradParams) -> bool {
     // Warp i < PAIR_SAMPLES compares the first slots of sampled pair i.
     let (i, t) = (tid / 32, tid % 32);
     let pairs = p.batch * p.seq_q / 2;
-    let hit = i < PAIR_SAMPLES && t < topk.min(PAIR_SAMPLE_SLOTS) && pairs > 0 && {
+    let hit = i < PAIR_SAMPLES && t < sampled_slots(topk) && pairs > 0 && {
         let a = (2 * pair_sample(pairs, i) * topk + t) as usize;
         let ids = p.topk_indices as *const i32;
         // SAFETY: rows 2q and 2q + 1 < B*S_q (q < pairs), t < topk: inside
         // topk_indices (host-checked length); inputs only.
         let (x, y) = unsafe { (*ids.add(a), *ids.add(a + topk as usize)) };
-        x >= 0 && x == y
+        sample_hit(x, y)
     };
     // SAFETY: every thread of the CTA reaches it (caller's contract).
     pairs_match(unsafe { sync::bar_red_popc(hit) }, topk)
