@@ -1,9 +1,13 @@
 //! Small kernels that measure this GPU's ceilings for the benchmark:
 //! tensor-core throughput of the instruction the row kernel uses, scattered
 //! f32 row reduction (per-element `red` and bulk `cp.reduce.async.bulk`),
-//! gathered bf16 rows, and plain copy bandwidth.
+//! gathered bf16 rows, plain copy bandwidth, and the per-slot traffic of
+//! the gradient kernels (one gathered bf16 K row and one `red.v4` dK row
+//! per slot, alone and together).
 
-use crate::params::{CeilParams, CEIL_MMA_CHAINS, CEIL_ROW};
+use crate::params::{
+    CeilParams, CEIL_MIX_GATHER, CEIL_MIX_REDUCE, CEIL_MMA_CHAINS, CEIL_ROW,
+};
 use crate::ptx::{bulk, global, mma, smem, sreg};
 
 /// Independent accumulator chains per warp in [`ceil_mma_bf16`].
@@ -135,6 +139,55 @@ pub unsafe extern "ptx-kernel" fn ceil_gather_bf16(p: CeilParams) {
     }
     // SAFETY: one u32 per thread (caller).
     unsafe { *(p.a as *mut u32).add(tid as usize) = sum };
+}
+
+/// The per-slot memory traffic of the gradient kernels, without their
+/// arithmetic: warp `w` takes slots i = w, w + warps, ... < `p.n` and, for
+/// key row `r = idx[i]`, reads the bf16 row `r` of `p.b` (`CEIL_ROW` bf16,
+/// 16 bytes per lane of the first half-warp) when `p.iters` has
+/// [`CEIL_MIX_GATHER`], and adds a `CEIL_ROW`-f32 row into row `r` of `p.a`
+/// with one `red.global.add.v4.f32` per lane (a 512-byte row per warp
+/// instruction, as the kernels reduce dK) when it has [`CEIL_MIX_REDUCE`].
+/// With both, the two streams share the memory system as they do in the
+/// kernels; the gathered data only feeds a checksum, stored to row 0 of
+/// `p.a` only if it equals an unlikely value (the benchmark's source is
+/// zero), so the loads are not dead and no thread adds into one shared
+/// address (one atomic per thread into the same word took 0.5 ms).
+///
+/// # Safety
+/// `p.idx` holds `p.n` row ids below the row count of `p.a` (f32 rows of
+/// `CEIL_ROW`) and of `p.b` (bf16 rows of `CEIL_ROW`); both 16-byte aligned.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn ceil_gather_reduce(p: CeilParams) {
+    let tid = sreg::block_idx_x() * sreg::block_dim_x() + sreg::thread_idx_x();
+    let lane = tid % 32;
+    let warps = sreg::grid_dim_x() * sreg::block_dim_x() / 32;
+    let (gather, reduce) = (p.iters & CEIL_MIX_GATHER != 0, p.iters & CEIL_MIX_REDUCE != 0);
+    let vecs = CEIL_ROW * 2 / 16; // 16-byte vectors per bf16 row
+    let v = [1.0f32, 2.0, 3.0, 4.0];
+    let mut sum = 0u32;
+    let mut i = tid / 32;
+    while (i as u64) < p.n {
+        // SAFETY: in-range rows of 16-byte aligned buffers (caller).
+        unsafe {
+            let r = *(p.idx as *const i32).add(i as usize) as usize;
+            if gather && lane < vecs {
+                let g = global::ld_nc_v4(
+                    (p.b as *const u8).add(r * CEIL_ROW as usize * 2 + lane as usize * 16),
+                );
+                sum ^= g[0] ^ g[1] ^ g[2] ^ g[3];
+            }
+            if reduce {
+                let at = (p.a as *mut f32).add(r * CEIL_ROW as usize + lane as usize * 4);
+                global::red_add_v4_f32(at, v);
+            }
+        }
+        i += warps;
+    }
+    if sum == 0x5eed_0001 {
+        // SAFETY: row 0 exists (caller).
+        unsafe { *(p.a as *mut u32) = sum };
+    }
 }
 
 /// Copy bandwidth: `p.n` 16-byte vectors from `p.b` to `p.a`, grid-stride.

@@ -124,7 +124,8 @@ pub struct CeilParams {
     pub idx: u64,
     /// Element count: row ids, or 16-byte vectors for the copy.
     pub n: u64,
-    /// Loop iterations (MMA throughput).
+    /// Loop iterations (MMA throughput); mode bits of the gather-reduce
+    /// ceiling.
     pub iters: u32,
     /// Keeps the struct a multiple of 8 bytes.
     pub _pad: u32,
@@ -143,6 +144,12 @@ pub const CEIL_SCATTER_BULK: &str = "ceil_scatter_bulk";
 pub const CEIL_GATHER: &str = "ceil_gather_bf16";
 /// See [`CEIL_MMA`].
 pub const CEIL_COPY: &str = "ceil_copy";
+/// See [`CEIL_MMA`].
+pub const CEIL_GATHER_REDUCE: &str = "ceil_gather_reduce";
+/// `CeilParams::iters` bit of [`CEIL_GATHER_REDUCE`]: gather the K rows.
+pub const CEIL_MIX_GATHER: u32 = 1;
+/// `CeilParams::iters` bit of [`CEIL_GATHER_REDUCE`]: reduce the dK rows.
+pub const CEIL_MIX_REDUCE: u32 = 2;
 /// Threads per CTA of the bulk scatter ceiling (each stages one row).
 pub const CEIL_BULK_THREADS: u32 = 64;
 /// Dynamic shared memory of the bulk scatter ceiling.

@@ -26,6 +26,16 @@ pub struct Ceilings {
     pub gather: f64,
     /// Device copy, bytes read + written per second.
     pub copy: f64,
+    /// The gradient kernels' per-slot traffic without their arithmetic
+    /// (`ceil_gather_reduce`), slots per second: one bf16 K row (256 B at
+    /// D = 128) gathered, alone...
+    pub slots_gather: f64,
+    /// ... one f32 dK row (512 B) reduced with `red.global.add.v4.f32`,
+    /// alone ...
+    pub slots_reduce: f64,
+    /// ... and both for every slot, in the same warps (NaN in JSON written
+    /// before these were measured).
+    pub slots_both: f64,
 }
 
 /// One measured point.
@@ -42,17 +52,21 @@ pub struct Point {
     pub scatter_gbs: f64,
     pub bound_us: f64,
     pub binding: &'static str,
+    /// Valid slots over `Ceilings::slots_both`: the time the memory system
+    /// needs to gather each valid slot's K row once and reduce its dK row
+    /// once, with no arithmetic (NaN when not measured).
+    pub traffic_us: f64,
 }
 
 /// The README table of `points` and the ceilings line.
 pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "| topk | ids | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "| topk | ids | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} |",
             p.topk,
             p.ids,
             if p.dk == GradDtype::F32 { "f32" } else { "bf16" },
@@ -66,7 +80,8 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
             p.tflops,
             p.scatter_gbs,
             p.binding,
-            100.0 * p.bound_us / p.median_us
+            100.0 * p.bound_us / p.median_us,
+            if p.traffic_us.is_finite() { format!("{:.0}", p.traffic_us) } else { "-".to_string() }
         );
     }
     let _ = writeln!(
@@ -78,6 +93,18 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
         c.gather / 1e12,
         c.copy / 1e12
     );
+    if c.slots_both.is_finite() {
+        let _ = writeln!(
+            s,
+            "Per-slot traffic without arithmetic (a 256-byte bf16 K row gathered, a 512-byte f32 dK row reduced by `red.global.add.v4.f32`): gather alone {:.2} G slots/s ({:.2} TB/s), reduce alone {:.2} G slots/s ({:.2} TB/s), both {:.2} G slots/s ({:.2} TB/s).",
+            c.slots_gather / 1e9,
+            c.slots_gather * 256.0 / 1e12,
+            c.slots_reduce / 1e9,
+            c.slots_reduce * 512.0 / 1e12,
+            c.slots_both / 1e9,
+            c.slots_both * 768.0 / 1e12
+        );
+    }
     s
 }
 
@@ -174,19 +201,22 @@ pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn st
 /// JSON line of the ceilings (first line of the bench's JSON output).
 pub fn ceilings_json(gpu: &str, c: &Ceilings) -> String {
     format!(
-        "{{\"kind\":\"ceilings\",\"gpu\":\"{gpu}\",\"mma_tflops\":{:.1},\"scatter_red_tbs\":{:.3},\"scatter_bulk_tbs\":{:.3},\"gather_tbs\":{:.3},\"copy_tbs\":{:.3}}}",
+        "{{\"kind\":\"ceilings\",\"gpu\":\"{gpu}\",\"mma_tflops\":{:.1},\"scatter_red_tbs\":{:.3},\"scatter_bulk_tbs\":{:.3},\"gather_tbs\":{:.3},\"copy_tbs\":{:.3},\"slot_gather_gps\":{:.4},\"slot_reduce_gps\":{:.4},\"slot_both_gps\":{:.4}}}",
         c.mma_flops / 1e12,
         c.scatter_red / 1e12,
         c.scatter_bulk / 1e12,
         c.gather / 1e12,
-        c.copy / 1e12
+        c.copy / 1e12,
+        c.slots_gather / 1e9,
+        c.slots_reduce / 1e9,
+        c.slots_both / 1e9
     )
 }
 
 /// JSON line of one point.
 pub fn point_json(p: &Point) -> String {
     format!(
-        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\"}}",
+        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\",\"traffic_us\":{:.1}}}",
         p.topk,
         p.ids,
         dk_name(p.dk),
@@ -199,7 +229,8 @@ pub fn point_json(p: &Point) -> String {
         p.tflops,
         p.scatter_gbs,
         p.bound_us,
-        p.binding
+        p.binding,
+        p.traffic_us
     )
 }
 
@@ -220,6 +251,8 @@ pub fn parse_json_lines(text: &str) -> Result<(String, Ceilings, Vec<Point>), St
         v[k].as_f64()
             .ok_or_else(|| format!("missing number {k} in {v}"))
     };
+    // Fields added later: NaN in older runs' JSON.
+    let opt = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     for line in text.lines().filter(|l| l.starts_with('{')) {
         let v: serde_json::Value =
             serde_json::from_str(line).map_err(|e| format!("{e}: {line}"))?;
@@ -231,6 +264,9 @@ pub fn parse_json_lines(text: &str) -> Result<(String, Ceilings, Vec<Point>), St
                     scatter_bulk: f(&v, "scatter_bulk_tbs")? * 1e12,
                     gather: f(&v, "gather_tbs")? * 1e12,
                     copy: f(&v, "copy_tbs")? * 1e12,
+                    slots_gather: opt(&v, "slot_gather_gps") * 1e9,
+                    slots_reduce: opt(&v, "slot_reduce_gps") * 1e9,
+                    slots_both: opt(&v, "slot_both_gps") * 1e9,
                 };
                 ceil = Some((v["gpu"].as_str().unwrap_or("?").to_string(), c));
             }
@@ -265,6 +301,7 @@ pub fn parse_json_lines(text: &str) -> Result<(String, Ceilings, Vec<Point>), St
                     } else {
                         "dK scatter"
                     },
+                    traffic_us: opt(&v, "traffic_us"),
                 });
             }
             _ => {}

@@ -22,6 +22,7 @@ fn point(topk: usize, ids: &'static str, dk: GradDtype, us: f64) -> Point {
         scatter_gbs: 600.0,
         bound_us: us / 5.0,
         binding: "dK scatter",
+        traffic_us: us / 2.0,
     }
 }
 
@@ -40,6 +41,9 @@ fn markdown_and_svg_render() {
         scatter_bulk: 3.5e12,
         gather: 7e12,
         copy: 4e12,
+        slots_gather: 2.5e10,
+        slots_reduce: 7e9,
+        slots_both: 5e9,
     };
     let md = markdown(&pts, "test GPU", &c);
     assert_eq!(
@@ -48,6 +52,8 @@ fn markdown_and_svg_render() {
         "{md}"
     );
     assert!(md.contains("mma.sync bf16 600 TFLOP/s"), "{md}");
+    assert!(md.contains("both 5.00 G slots/s (3.84 TB/s)"), "{md}");
+    assert!(md.contains("| 20% | 500 |"), "{md}");
     let path = std::env::temp_dir().join(format!("bench-{}.svg", std::process::id()));
     plot(path.to_str().unwrap(), &pts, &c).unwrap();
     let svg = std::fs::read_to_string(&path).unwrap();

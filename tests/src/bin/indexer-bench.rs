@@ -164,12 +164,37 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
         let t = time_kernel(ctx, stream, runs, || launch(&c, sms * 16, 256, 0, &p));
         2.0 * (vecs * 16) as f64 / t
     };
+    // Per-slot traffic of the gradient kernels: the same 2^20 slots,
+    // gathering, reducing, both.
+    let (slots_gather, slots_reduce, slots_both) = {
+        let (ap, _ga) = acc.device_ptr_mut(stream);
+        let mix = f(CEIL_GATHER_REDUCE);
+        let rate = |mode: u32| {
+            let p = CeilParams {
+                a: ap,
+                b: sp,
+                idx: ip,
+                n: n as u64,
+                iters: mode,
+                ..Default::default()
+            };
+            n as f64 / time_kernel(ctx, stream, runs, || launch(&mix, sms * 8, 256, 0, &p))
+        };
+        (
+            rate(CEIL_MIX_GATHER),
+            rate(CEIL_MIX_REDUCE),
+            rate(CEIL_MIX_GATHER | CEIL_MIX_REDUCE),
+        )
+    };
     Ceilings {
         mma_flops,
         scatter_red,
         scatter_bulk,
         gather,
         copy,
+        slots_gather,
+        slots_reduce,
+        slots_both,
     }
 }
 
@@ -226,12 +251,15 @@ fn main() {
     let scatter_ceiling = ceil.scatter_bulk.max(ceil.scatter_red);
     println!("GPU {gpu_name}; workload B=1 S_q={seq_q} S_k={seq_k} H={heads} D={dim}; {runs} runs after {warmup} warm-ups");
     println!(
-        "ceilings: mma.sync bf16 {:.0} TFLOP/s | scattered f32 rows: red {:.2} TB/s, bulk {:.2} TB/s | gathered bf16 rows {:.2} TB/s | copy {:.2} TB/s",
+        "ceilings: mma.sync bf16 {:.0} TFLOP/s | scattered f32 rows: red {:.2} TB/s, bulk {:.2} TB/s | gathered bf16 rows {:.2} TB/s | copy {:.2} TB/s | slots: gather {:.2} G/s, reduce {:.2} G/s, both {:.2} G/s",
         ceil.mma_flops / 1e12,
         ceil.scatter_red / 1e12,
         ceil.scatter_bulk / 1e12,
         ceil.gather / 1e12,
-        ceil.copy / 1e12
+        ceil.copy / 1e12,
+        ceil.slots_gather / 1e9,
+        ceil.slots_reduce / 1e9,
+        ceil.slots_both / 1e9
     );
     let ceil_line = ceilings_json(&gpu_name, &ceil);
     println!("{ceil_line}");
@@ -314,6 +342,7 @@ fn main() {
                     scatter_gbs: bytes / t / 1e9,
                     bound_us: t_mma.max(t_sc) * 1e6,
                     binding: if t_mma > t_sc { "mma" } else { "dK scatter" },
+                    traffic_us: valid / ceil.slots_both * 1e6,
                 });
             }
         }
