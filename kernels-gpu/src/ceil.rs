@@ -5,9 +5,7 @@
 //! the gradient kernels (one gathered bf16 K row and one `red.v4` dK row
 //! per slot, alone and together).
 
-use crate::params::{
-    CeilParams, CEIL_MIX_GATHER, CEIL_MIX_REDUCE, CEIL_MMA_CHAINS, CEIL_ROW,
-};
+use crate::params::{CeilParams, CEIL_MIX_GATHER, CEIL_MIX_REDUCE, CEIL_MMA_CHAINS, CEIL_ROW};
 use crate::ptx::{bulk, global, mma, smem, sreg};
 
 /// Independent accumulator chains per warp in [`ceil_mma_bf16`].
@@ -162,7 +160,10 @@ pub unsafe extern "ptx-kernel" fn ceil_gather_reduce(p: CeilParams) {
     let tid = sreg::block_idx_x() * sreg::block_dim_x() + sreg::thread_idx_x();
     let lane = tid % 32;
     let warps = sreg::grid_dim_x() * sreg::block_dim_x() / 32;
-    let (gather, reduce) = (p.iters & CEIL_MIX_GATHER != 0, p.iters & CEIL_MIX_REDUCE != 0);
+    let (gather, reduce) = (
+        p.iters & CEIL_MIX_GATHER != 0,
+        p.iters & CEIL_MIX_REDUCE != 0,
+    );
     let vecs = CEIL_ROW * 2 / 16; // 16-byte vectors per bf16 row
     let v = [1.0f32, 2.0, 3.0, 4.0];
     let mut sum = 0u32;

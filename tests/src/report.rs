@@ -62,7 +62,10 @@ pub struct Point {
 pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "| topk | ids | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for p in points {
         let _ = writeln!(
             s,

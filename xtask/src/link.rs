@@ -132,7 +132,12 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
         "sm_100a" => bounds.extend(kernels_gpu::params::SM100_LAUNCH_BOUNDS),
         _ => {}
     }
-    let ptx = add_launch_bounds(&ptx, &bounds)?;
+    let exact: &[&str] = if cpu == "sm_90a" {
+        &kernels_gpu::params::SM90_EXACT_BLOCK
+    } else {
+        &[]
+    };
+    let ptx = add_launch_bounds(&ptx, &bounds, exact)?;
 
     // sm_100a: 64-byte alignment of the parameter holding tensor maps.
     let ptx = if cpu == "sm_100a" {
@@ -150,10 +155,16 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
 
 /// Writes `.maxntid T, 1, 1` and `.minnctapersm N` after the parameter list
 /// of each named kernel (between `)` and `{`, where PTX puts performance
-/// directives). A named kernel missing from the PTX is an error.
-pub fn add_launch_bounds(ptx: &str, bounds: &[(&str, u32, u32)]) -> Result<String, String> {
+/// directives); for a kernel listed in `exact`, `.reqntid T, 1, 1` (always
+/// launched with exactly T threads) instead of `.maxntid`. A named kernel
+/// missing from the PTX is an error.
+pub fn add_launch_bounds(
+    ptx: &str,
+    bounds: &[(&str, u32, u32)],
+    exact: &[&str],
+) -> Result<String, String> {
     let mut out = String::with_capacity(ptx.len() + 64 * bounds.len());
-    let mut pending: Option<(u32, u32)> = None;
+    let mut pending: Option<(u32, u32, bool)> = None;
     let mut found = 0;
     for line in ptx.lines() {
         out.push_str(line);
@@ -163,11 +174,17 @@ pub fn add_launch_bounds(ptx: &str, bounds: &[(&str, u32, u32)]) -> Result<Strin
             .nth(1)
             .and_then(|r| r.split('(').next())
         {
-            pending = bounds.iter().find(|b| b.0 == name).map(|b| (b.1, b.2));
+            pending = bounds
+                .iter()
+                .find(|b| b.0 == name)
+                .map(|b| (b.1, b.2, exact.contains(&name)));
         } else if line.starts_with(')') {
             // `)` may carry a trailing `// @name` comment from llc.
-            if let Some((threads, ctas)) = pending.take() {
-                out.push_str(&format!(".maxntid {threads}, 1, 1\n.minnctapersm {ctas}\n"));
+            if let Some((threads, ctas, exact)) = pending.take() {
+                let directive = if exact { "reqntid" } else { "maxntid" };
+                out.push_str(&format!(
+                    ".{directive} {threads}, 1, 1\n.minnctapersm {ctas}\n"
+                ));
                 found += 1;
             }
         }
@@ -233,13 +250,23 @@ mod tests {
     fn launch_bounds_go_between_parameters_and_body() {
         let ptx =
             ".visible .entry k1(\n\t.param .u64 p\n)\n{\n\tret;\n}\n.visible .entry k2(\n)\n{\n}\n";
-        let out = add_launch_bounds(ptx, &[("k1", 256, 2)]).unwrap();
+        let out = add_launch_bounds(ptx, &[("k1", 256, 2)], &[]).unwrap();
         assert!(
             out.contains(")\n.maxntid 256, 1, 1\n.minnctapersm 2\n{\n\tret;"),
             "{out}"
         );
         assert_eq!(out.matches(".maxntid").count(), 1);
-        assert!(add_launch_bounds(ptx, &[("k3", 128, 1)]).is_err());
+        assert!(add_launch_bounds(ptx, &[("k3", 128, 1)], &[]).is_err());
+        // An exact block size is written as such.
+        let out = add_launch_bounds(ptx, &[("k1", 256, 2), ("k2", 512, 1)], &["k2"]).unwrap();
+        assert!(
+            out.contains(")\n.maxntid 256, 1, 1\n.minnctapersm 2\n{\n\tret;"),
+            "{out}"
+        );
+        assert!(
+            out.contains("k2(\n)\n.reqntid 512, 1, 1\n.minnctapersm 1\n{"),
+            "{out}"
+        );
     }
 
     #[test]

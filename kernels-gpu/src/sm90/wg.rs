@@ -62,6 +62,17 @@ const VECS: u32 = DIM / 8;
 /// h waits before staging its next item).
 const BAR_STAGED: u32 = 3;
 const BAR_FREE: u32 = 5;
+/// Staged dK rows (of its eight) each warp reduces right after issuing the
+/// next item's S; the rest go after that item's dS, before its barrier B2,
+/// and drain while its dQ and dK products run (fewer reductions in one
+/// burst). Measured on the H200 (SPEC workload, f32, two rounds each,
+/// against all eight after S): 4 took uniform topk 256 / 512 / 1024 / 2048
+/// 2% / 3.4% / 4.5% / 3.5% less time, ragged 0-0.8%; 2 and 3 gained less,
+/// 5 the same on uniform ids and 1% less on ragged ones; 0 (all before B2)
+/// about nothing, and the rest spread one per step of the dS loop cost
+/// ragged ids 5-6%.
+const RED_FIRST: u32 = 4;
+const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
 
 /// The kernel body.
 ///
@@ -348,8 +359,9 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     //   fence | M | gather(c+2) into buffer c%2 | at the row's first chunk:
     //   load the next row's q and weights | issue S(c+1) | copy the key id
     //   of c+3 into raw set (c+1)%2 and the grad_signal of c+2 into set
-    //   c%2 | reductions of c (overlapping S(c+1)) | at the row's end:
-    //   d_weights sums.
+    //   c%2 | the first RED_FIRST of each warp's eight reductions of c
+    //   (overlapping S(c+1)) | at the row's end: d_weights sums; the other
+    //   reductions of c follow in item c+1, after its dS and before its B2.
     // Reuse: slot set c%2 was last read before B2 (gate) and by the gather
     // of c; raw-id set (c+1)%2 by the key rows of c+1, before the previous
     // M; K buffer c%2 by S(c) and dQ(c), complete before M; dS, the
@@ -400,6 +412,45 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     cp_async::wait_all();
     // Uniform barrier: grad_signal of items 0 and 1.
     bar_half();
+    // Reductions of staged rows lo..hi (of each warp's eight) of the
+    // current staging. Not unrolled (opaque bound): eight rows' loads in
+    // flight at once would add 32+ live registers on top of the in-flight S
+    // and dQ accumulators and make ptxas spill.
+    let reduce_rows = |lo: u32, hi: u32| {
+        for i in lo..hi {
+            // Each warp takes its eight rows in an order that depends on
+            // the CTA (i XOR cta % 8). With one order everywhere, CTAs whose
+            // rows select the same key in the same slot (causal selections)
+            // reduce into the same key row at the same moment; measured on
+            // the H200 (SPEC workload): ragged topk 128 / 256 5% / 3%
+            // faster, uniform 1-2%, topk 1024 unchanged.
+            let slot = warp * ROWS_PER_WARP + (i ^ (sreg::block_idx_x_here() % ROWS_PER_WARP));
+            // SAFETY: the staged row and its key row are complete (barrier
+            // M, of both halves in the paired kernel); a valid key row lies
+            // inside the (B*S_k, D) accumulator, 16-byte aligned
+            // (host-checked base, D*4 a multiple of 16).
+            unsafe {
+                let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
+                // Paired: where the other half's row selected the same key
+                // in this slot, one half (alternating by groups of four
+                // slots, so every warp does half of them) reduces the sum of
+                // both staged rows and the other skips it.
+                let half = half;
+                let pbase = SmemAddr(base0 + (1 - half) * PAIR.half_stride);
+                let (psdk, psred_rows) = (pbase.add(l.dk), pbase.add(l.red_rows));
+                let shared = PAIRED && r == smem::ld_u32(psred_rows.add(4 * slot)) as i32;
+                if r >= 0 && (!shared || (slot / 4) % 2 == half) {
+                    let at = slot * DK_STRIDE + lane * 16;
+                    let mut v = smem::ld_v4_f32(sdk.add(at));
+                    if shared {
+                        let o = smem::ld_v4_f32(psdk.add(at));
+                        v = [v[0] + o[0], v[1] + o[1], v[2] + o[2], v[3] + o[3]];
+                    }
+                    global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
+                }
+            }
+        }
+    };
     let mut acc_q = [0.0f32; 32]; // dQ, heads x this warpgroup's 64 D columns
     let mut dw = [0.0f32; 2]; // d_weights partials of heads 16 wi + g (+ 8)
     let mut it = 0u32; // index of the current item in the CTA's sequence
@@ -443,6 +494,16 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
                 }
             }
             bulk::fence_proxy_async_shared();
+        }
+        // The previous item's remaining reductions, overlapping this item's
+        // dQ and dK products (its staging is rewritten only after B2).
+        if RED_FIRST < ROWS_PER_WARP && it > 0 {
+            reduce_rows(RED_FIRST, ROWS_PER_WARP);
+            if PAIRED {
+                // SAFETY: as at the staging (this half arrives, the other
+                // waits before its next staging).
+                unsafe { sync::bar_arrive_named(BAR_FREE + 1 - half, PAIR.threads) };
+            }
         }
         // Uniform barrier (B2): dS complete and fenced.
         bar_half();
@@ -569,50 +630,16 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
             // SAFETY: as above (this half waits, the other arrives).
             unsafe { sync::bar_sync_named(BAR_STAGED + 1 - half, PAIR.threads) };
         }
-        // ---- reduce, part 2: each warp adds eight whole staged rows with
-        // coalesced vector reductions (one 512-byte row per warp
-        // instruction) while the tensor cores run S(c+1) ----
-        // Not unrolled (opaque bound): eight rows' loads in flight at once
-        // would add 32+ live registers on top of the in-flight S and dQ
-        // accumulators and make ptxas spill.
-        for i in 0..ROWS_PER_WARP {
-            // Each warp takes its eight rows in an order that depends on
-            // the CTA (i XOR cta % 8). With one order everywhere, CTAs whose
-            // rows select the same key in the same slot (causal selections)
-            // reduce into the same key row at the same moment; measured on
-            // the H200 (SPEC workload): ragged topk 128 / 256 5% / 3%
-            // faster, uniform 1-2%, topk 1024 unchanged.
-            let slot = warp * ROWS_PER_WARP + (i ^ (sreg::block_idx_x_here() % ROWS_PER_WARP));
-            // SAFETY: the staged row and its key row are complete (barrier
-            // M, of both halves in the paired kernel); a valid key row lies
-            // inside the (B*S_k, D) accumulator, 16-byte aligned
-            // (host-checked base, D*4 a multiple of 16).
-            unsafe {
-                let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
-                // Paired: where the other half's row selected the same key
-                // in this slot, one half (alternating by groups of four
-                // slots, so every warp does half of them) reduces the sum of
-                // both staged rows and the other skips it.
-                let half = half;
-                let pbase = SmemAddr(base0 + (1 - half) * PAIR.half_stride);
-                let (psdk, psred_rows) = (pbase.add(l.dk), pbase.add(l.red_rows));
-                let shared = PAIRED && r == smem::ld_u32(psred_rows.add(4 * slot)) as i32;
-                if r >= 0 && (!shared || (slot / 4) % 2 == half) {
-                    let at = slot * DK_STRIDE + lane * 16;
-                    let mut v = smem::ld_v4_f32(sdk.add(at));
-                    if shared {
-                        let o = smem::ld_v4_f32(psdk.add(at));
-                        v = [v[0] + o[0], v[1] + o[1], v[2] + o[2], v[3] + o[3]];
-                    }
-                    global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
-                }
-            }
-        }
+        // ---- reduce, part 2: each warp adds RED_FIRST of its eight
+        // staged rows with coalesced vector reductions (one 512-byte row per
+        // warp instruction) while the tensor cores run S(c+1); the other
+        // rows follow in the next item, before its B2 ----
+        reduce_rows(0, RED_FIRST);
 
         // Paired: done reading the other half's staging of this item; it
         // waits for this before staging its next one (none after the CTA's
         // last item, so no arrival is left pending at exit).
-        if PAIRED && !(last && k + 1 == my_rows) {
+        if PAIRED && RED_FIRST == ROWS_PER_WARP && !(last && k + 1 == my_rows) {
             // SAFETY: as above (this half arrives, the other waits).
             unsafe { sync::bar_arrive_named(BAR_FREE + 1 - half, PAIR.threads) };
         }
@@ -649,6 +676,11 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         if last {
             walk.next_row(chunks(n_pending));
         }
+    }
+    // The last item's remaining reductions (the other half of a paired CTA
+    // stages nothing after it, so no FREE arrival).
+    if RED_FIRST < ROWS_PER_WARP {
+        reduce_rows(RED_FIRST, ROWS_PER_WARP);
     }
     // SAFETY: whole warpgroup; drains the unused S issued by the last item.
     unsafe { wgmma::wait_m64n32(&mut s) };
