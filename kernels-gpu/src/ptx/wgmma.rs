@@ -271,3 +271,86 @@ pub unsafe fn dk_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
         )
     }
 }
+
+/// [`dk_m64n64`] over K = 128 from two tile pairs: four `m64n64k16` steps
+/// on (`a0`, `b0`), then four on (`a1`, `b1`) (each pair laid out as
+/// [`dk_m64n64`]'s). The paired kernel's dK of two rows whose slots hold the
+/// same key rows: `[dS_a; dS_b]^T [q_a; q_b]`, one product for both.
+///
+/// # Safety
+/// As [`dk_m64n64`], for both pairs of tiles.
+#[inline(always)]
+pub unsafe fn dk_m64n64_k128(acc: &mut [f32; 32], a0: u64, b0: u64, a1: u64, b1: u64) {
+    // SAFETY: forwarded from the caller. The asm waits for its own group,
+    // so the accumulators are final when it returns. Not `pure`/`nomem`:
+    // it reads shared memory and is warpgroup-collective.
+    unsafe {
+        asm!(
+            "wgmma.fence.sync.aligned;",
+            "{{",
+            ".reg .pred p;",
+            ".reg .b64 ak, bk;",
+            "setp.eq.u32 p, 1, 1;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a0}, {b0}, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a0}, 128;",
+            "add.s64 bk, {b0}, 128;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a0}, 256;",
+            "add.s64 bk, {b0}, 256;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a0}, 384;",
+            "add.s64 bk, {b0}, 384;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a1}, {b1}, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a1}, 128;",
+            "add.s64 bk, {b1}, 128;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a1}, 256;",
+            "add.s64 bk, {b1}, 256;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
+            "add.s64 ak, {a1}, 384;",
+            "add.s64 bk, {b1}, 384;",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
+            "}}",
+            "wgmma.commit_group.sync.aligned;",
+            "wgmma.wait_group.sync.aligned 0;",
+            d0 = inout(reg32) acc[0],
+            d1 = inout(reg32) acc[1],
+            d2 = inout(reg32) acc[2],
+            d3 = inout(reg32) acc[3],
+            d4 = inout(reg32) acc[4],
+            d5 = inout(reg32) acc[5],
+            d6 = inout(reg32) acc[6],
+            d7 = inout(reg32) acc[7],
+            d8 = inout(reg32) acc[8],
+            d9 = inout(reg32) acc[9],
+            d10 = inout(reg32) acc[10],
+            d11 = inout(reg32) acc[11],
+            d12 = inout(reg32) acc[12],
+            d13 = inout(reg32) acc[13],
+            d14 = inout(reg32) acc[14],
+            d15 = inout(reg32) acc[15],
+            d16 = inout(reg32) acc[16],
+            d17 = inout(reg32) acc[17],
+            d18 = inout(reg32) acc[18],
+            d19 = inout(reg32) acc[19],
+            d20 = inout(reg32) acc[20],
+            d21 = inout(reg32) acc[21],
+            d22 = inout(reg32) acc[22],
+            d23 = inout(reg32) acc[23],
+            d24 = inout(reg32) acc[24],
+            d25 = inout(reg32) acc[25],
+            d26 = inout(reg32) acc[26],
+            d27 = inout(reg32) acc[27],
+            d28 = inout(reg32) acc[28],
+            d29 = inout(reg32) acc[29],
+            d30 = inout(reg32) acc[30],
+            d31 = inout(reg32) acc[31],
+            a0 = in(reg64) a0,
+            b0 = in(reg64) b0,
+            a1 = in(reg64) a1,
+            b1 = in(reg64) b1,
+            options(nostack),
+        )
+    }
+}

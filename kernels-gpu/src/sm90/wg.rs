@@ -24,12 +24,17 @@
 //! The paired kernel (`super::WG_PAIR_KERNEL`) runs this body twice per
 //! CTA, one half per pair of warpgroups on its own copy of the shared
 //! memory layout, rows `2 p` and `2 p + 1` of the same pairs `p` in step:
-//! after staging an item's dK rows a half signals the other (named barrier
-//! STAGED) and waits for the other's, and each slot that holds the same key
-//! row in both halves is reduced once, as the sum of both staged rows; a
-//! half reuses its staging only after the other has read it (FREE). For
-//! SPEC's ragged ids (rows 2i and 2i + 1 identical) that halves the
-//! reductions. Both kernels start with the same test on sampled ids
+//! each item's barrier B2 spans the whole CTA and counts the slots whose
+//! key rows differ between the halves. With none (a "fused" item), one
+//! half, alternating by item, computes the dK of both rows as one product
+//! over 128 heads (`[dS_a; dS_b]^T [q_a; q_b]`) and stages it, the other
+//! computes and stages nothing; otherwise both stage their own rows and
+//! each slot that holds the same key row in both is reduced as the sum of
+//! both staged rows. After staging a half signals the other (named
+//! barrier STAGED), which waits before it reduces; each half reduces every
+//! other group of four of those slots. For SPEC's ragged ids (rows 2i and
+//! 2i + 1 identical) that halves the reductions, and fused items also
+//! halve the staging. Both kernels start with the same test on sampled ids
 //! ([`pairs_up`]), and only the one it picks computes.
 //!
 //! Work split per chunk: warpgroup `wg` computes S for slots
@@ -55,13 +60,11 @@ const ROWS_PER_WARP: u32 = CHUNK / WARPS;
 const _: () = assert!(ROWS_PER_WARP.is_power_of_two());
 /// 16-byte vectors per bf16 row of D.
 const VECS: u32 = DIM / 8;
-/// Named barriers of the paired kernel (0 is unused there; each half's
-/// own barrier is `1 + half`): `BAR_STAGED + h`, half h's dK staging of the
-/// current item is complete (h arrives, the other half waits);
-/// `BAR_FREE + h`, the other half has read half h's staging (it arrives,
-/// h waits before staging its next item).
+/// Named barriers of the paired kernel (0 is the whole CTA's: the
+/// prologue's and each item's B2; each half's own barrier is `1 + half`):
+/// `BAR_STAGED + h`, half h's dK staging of the current item is complete
+/// (h arrives, the other half waits).
 const BAR_STAGED: u32 = 3;
-const BAR_FREE: u32 = 5;
 /// Staged dK rows (of its eight) each warp reduces right after issuing the
 /// next item's S; the rest go after that item's dS, before its barrier B2,
 /// and drain while its dQ and dK products run (fewer reductions in one
@@ -89,9 +92,10 @@ const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
 /// body on rows `2 (cta + k grid) + h` with its own copy of the layout;
 /// both halves walk the same number of chunks per pair (the longer row's),
 /// each synchronises its own warps as the row kernel does (barrier
-/// `1 + h`), and the named barriers STAGED and FREE order each item's
-/// reductions after both halves' staging and each staging after the other
-/// half's reductions of the previous item.
+/// `1 + h`) except at the prologue's key-row barrier and each item's B2,
+/// which span the CTA (barrier 0); STAGED orders each item's reductions
+/// after both halves' staging, and B2 each staging after both halves'
+/// reductions of the previous items.
 #[inline(always)]
 unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     const H: usize = HEADS as usize;
@@ -110,7 +114,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     let base0 = (smem::base().0 + 1023) & !1023;
     let base = SmemAddr(base0 + half * PAIR.half_stride);
     // Barrier of this thread's half (of the CTA in the row kernel); the
-    // halves of a paired CTA meet only at STAGED / FREE in the item loop.
+    // halves of a paired CTA meet only at B2 and STAGED in the item loop.
     let bar_half = || {
         // SAFETY: called with uniform control flow by every thread of the
         // half (of the CTA in the row kernel); barrier 1 + half is used by
@@ -386,8 +390,15 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     load_row(0);
     put_row(p0, load_id(p0), 0);
     put_row(p1, load_id(p1), 1);
-    // Uniform barrier: key rows of items 0 and 1.
-    bar_half();
+    // Uniform barrier: key rows of items 0 and 1 (paired: of both halves,
+    // which item 0's B2 compares).
+    if PAIRED {
+        // SAFETY: every thread of the CTA reaches it (both halves run the
+        // same prologue); barrier 0 is used by nothing else in flight.
+        unsafe { sync::bar_sync() };
+    } else {
+        bar_half();
+    }
     gather(0);
     gather(1);
     cp_async::wait_all();
@@ -416,7 +427,11 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     // current staging. Not unrolled (opaque bound): eight rows' loads in
     // flight at once would add 32+ live registers on top of the in-flight S
     // and dQ accumulators and make ptxas spill.
-    let reduce_rows = |lo: u32, hi: u32| {
+    // `fused`: `Some(h)` when the item's dK of both rows was computed as
+    // one product by half h (paired kernel, every slot the same key row in
+    // both halves): its staging holds the sum, and each half reduces its
+    // groups of four slots from it.
+    let reduce_rows = |lo: u32, hi: u32, fused: Option<u32>| {
         for i in lo..hi {
             // Each warp takes its eight rows in an order that depends on
             // the CTA (i XOR cta % 8). With one order everywhere, CTAs whose
@@ -430,6 +445,15 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
             // inside the (B*S_k, D) accumulator, 16-byte aligned
             // (host-checked base, D*4 a multiple of 16).
             unsafe {
+                if let Some(comp) = fused {
+                    let cbase = SmemAddr(base0 + comp * PAIR.half_stride);
+                    let r = smem::ld_u32(cbase.add(l.red_rows).add(4 * slot)) as i32;
+                    if r >= 0 && (slot / 4) % 2 == half {
+                        let v = smem::ld_v4_f32(cbase.add(l.dk).add(slot * DK_STRIDE + lane * 16));
+                        global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
+                    }
+                    continue;
+                }
                 let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
                 // Paired: where the other half's row selected the same key
                 // in this slot, one half (alternating by groups of four
@@ -454,6 +478,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     let mut acc_q = [0.0f32; 32]; // dQ, heads x this warpgroup's 64 D columns
     let mut dw = [0.0f32; 2]; // d_weights partials of heads 16 wi + g (+ 8)
     let mut it = 0u32; // index of the current item in the CTA's sequence
+    let mut fused_prev: Option<u32> = None; // `fused` of item it - 1
     while walk.k < my_rows {
         let set = it % 2;
         let (k, ch) = (walk.k, it - walk.start);
@@ -498,15 +523,32 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // The previous item's remaining reductions, overlapping this item's
         // dQ and dK products (its staging is rewritten only after B2).
         if RED_FIRST < ROWS_PER_WARP && it > 0 {
-            reduce_rows(RED_FIRST, ROWS_PER_WARP);
-            if PAIRED {
-                // SAFETY: as at the staging (this half arrives, the other
-                // waits before its next staging).
-                unsafe { sync::bar_arrive_named(BAR_FREE + 1 - half, PAIR.threads) };
-            }
+            reduce_rows(RED_FIRST, ROWS_PER_WARP, fused_prev);
         }
-        // Uniform barrier (B2): dS complete and fenced.
-        bar_half();
+        // Uniform barrier (B2): dS complete and fenced. Paired: a barrier of
+        // the whole CTA, which also counts the slots whose key rows differ
+        // between the halves (both halves' rows of this item were written
+        // before the previous B2, or the prologue's barrier for items 0 and
+        // 1, and are rewritten only after this one). With none, half `it %
+        // 2` computes the item's dK for both rows as one product and the
+        // other half neither computes nor stages dK. Every read of either
+        // half's staging of earlier items precedes it, so it also frees
+        // both stagings.
+        let fused = if PAIRED {
+            let differs = tid < CHUNK && {
+                let pbase = SmemAddr(base0 + (1 - half) * PAIR.half_stride);
+                let prows = pbase.add(l.rows).add(4 * set * CHUNK);
+                // SAFETY: both halves' key rows of this item are complete
+                // (see above).
+                unsafe { smem::ld_u32(srows.add(4 * tid)) != smem::ld_u32(prows.add(4 * tid)) }
+            };
+            // SAFETY: every thread of the CTA reaches it (the halves walk
+            // the same items); barrier 0 has no other use in the loop.
+            (unsafe { sync::bar_red_popc(differs) } == 0).then_some(it % 2)
+        } else {
+            bar_half();
+            None
+        };
 
         // ---- MMA: dQ += dS K (A = dS K-major: heads x slots; B = K chunk
         // MN-major: slots x this warpgroup's 64 D columns) ----
@@ -521,37 +563,50 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // ---- MMA: dK = dS^T q (A = dS MN-major: heads x slots read as
         // slots x heads; B = q MN-major: heads x this warpgroup's D) ----
         let mut kacc = [0.0f32; 32];
-        // SAFETY: as above.
+        // Paired, fused item: this half stages nothing unless it computes.
+        // Measured on the H200 against both halves computing and staging
+        // their own rows (39cd4d9; ragged ids, f32, two rounds): topk 256 /
+        // 512 / 1024 / 2048 495-498 -> 475-479, 830-833 -> 803-804, 1450
+        // -> 1412-1413, 2429-2432 -> 2354-2360 us.
+        let stages = fused.is_none_or(|comp| comp == half);
+        // SAFETY: as above; a fused product also reads the other half's dS
+        // and q tiles, complete and fenced before the CTA-wide B2 and
+        // rewritten only after its STAGED wait below.
         unsafe {
             let da = desc(sds.0, K_BLOCK, ATOM_BYTES);
             let db = desc(sq.0 + wg * Q_BLOCK, Q_BLOCK, ATOM_BYTES);
-            wgmma::dk_m64n64(&mut kacc, da, db);
-        }
-
-        // Paired: the other half is done reading this half's staging of
-        // the previous item (its reductions of that item signalled FREE).
-        if PAIRED && it > 0 {
-            // SAFETY: uniform in the CTA: the halves walk the same items;
-            // this half's 256 threads wait, the other half's arrive.
-            unsafe { sync::bar_sync_named(BAR_FREE + half, PAIR.threads) };
+            if fused.is_some() {
+                if stages {
+                    let pbase = SmemAddr(base0 + (1 - half) * PAIR.half_stride);
+                    let psq = pbase.add(l.q).add((k % 2) * Q_BYTES);
+                    let da1 = desc(pbase.add(l.ds).0, K_BLOCK, ATOM_BYTES);
+                    let db1 = desc(psq.0 + wg * Q_BLOCK, Q_BLOCK, ATOM_BYTES);
+                    wgmma::dk_m64n64_k128(&mut kacc, da, db, da1, db1);
+                }
+            } else {
+                wgmma::dk_m64n64(&mut kacc, da, db);
+            }
         }
         // ---- reduce, part 1: stage dK rows (f32, scaled) in shared
         // memory and keep the chunk's key rows for part 2 ----
-        // SAFETY: each thread writes its own fragment elements (distinct
-        // (slot, column) pairs); the previous readers of both regions passed
-        // B2 (see the pipeline note).
-        unsafe {
-            for j in 0..8u32 {
-                for half in 0..2u32 {
-                    let slot = 16 * wi + g + 8 * half;
-                    let col = dcol0 + 8 * j + c;
-                    let r = (4 * j + 2 * half) as usize;
-                    let at = sdk.add(slot * DK_STRIDE + col * 4);
-                    smem::st_v2_f32(at, kacc[r] * sm_scale, kacc[r + 1] * sm_scale);
+        if stages {
+            // SAFETY: each thread writes its own fragment elements
+            // (distinct (slot, column) pairs); the previous readers of both
+            // regions passed B2 (see the pipeline note; in the paired
+            // kernel B2 spans both halves, the readers of this staging).
+            unsafe {
+                for j in 0..8u32 {
+                    for half in 0..2u32 {
+                        let slot = 16 * wi + g + 8 * half;
+                        let col = dcol0 + 8 * j + c;
+                        let r = (4 * j + 2 * half) as usize;
+                        let at = sdk.add(slot * DK_STRIDE + col * 4);
+                        smem::st_v2_f32(at, kacc[r] * sm_scale, kacc[r + 1] * sm_scale);
+                    }
                 }
-            }
-            if tid < CHUNK {
-                smem::st_u32(sred_rows.add(4 * tid), smem::ld_u32(srows.add(4 * tid)));
+                if tid < CHUNK {
+                    smem::st_u32(sred_rows.add(4 * tid), smem::ld_u32(srows.add(4 * tid)));
+                }
             }
         }
         if PAIRED {
@@ -634,15 +689,8 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // staged rows with coalesced vector reductions (one 512-byte row per
         // warp instruction) while the tensor cores run S(c+1); the other
         // rows follow in the next item, before its B2 ----
-        reduce_rows(0, RED_FIRST);
-
-        // Paired: done reading the other half's staging of this item; it
-        // waits for this before staging its next one (none after the CTA's
-        // last item, so no arrival is left pending at exit).
-        if PAIRED && RED_FIRST == ROWS_PER_WARP && !(last && k + 1 == my_rows) {
-            // SAFETY: as above (this half arrives, the other waits).
-            unsafe { sync::bar_arrive_named(BAR_FREE + 1 - half, PAIR.threads) };
-        }
+        reduce_rows(0, RED_FIRST, fused);
+        fused_prev = fused;
 
         if last {
             let mut h = tid;
@@ -677,10 +725,9 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
             walk.next_row(chunks(n_pending));
         }
     }
-    // The last item's remaining reductions (the other half of a paired CTA
-    // stages nothing after it, so no FREE arrival).
+    // The last item's remaining reductions.
     if RED_FIRST < ROWS_PER_WARP {
-        reduce_rows(RED_FIRST, ROWS_PER_WARP);
+        reduce_rows(RED_FIRST, ROWS_PER_WARP, fused_prev);
     }
     // SAFETY: whole warpgroup; drains the unused S issued by the last item.
     unsafe { wgmma::wait_m64n32(&mut s) };
