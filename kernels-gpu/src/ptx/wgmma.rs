@@ -15,11 +15,148 @@
 //! undefined behaviour). The issue/wait pair keeps the accumulators as
 //! in/out operands of both halves for the same reason.
 //!
+//! The templates are assembled by small macros (`mma!` for one
+//! `mma_async`, `step!` for a later K step, `open_chain!` / `close_chain!`
+//! around a chain, `regs16!` / `regs32!` for the accumulator lists), and
+//! `asm_acc16!` / `asm_acc32!` add the accumulator operands; the PTX they
+//! produce is byte-identical to the written-out strings they replaced.
+//!
 //! Accumulator layout of `m64nNk16` (thread `t` of the warpgroup, warp
 //! `w = t / 32`, lane `l`, `g = l / 4`, `c = 2 * (l % 4)`): register
 //! `4 * j + i` holds `D[16 w + g + 8 * (i / 2)][8 j + c + i % 2]`.
 
 use core::arch::asm;
+
+/// The accumulator list of an `m64n32` tile in a template: `{d0, ..., d15}`.
+macro_rules! regs16 {
+    () => {
+        "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}"
+    };
+}
+
+/// The accumulator list of an `m64n64` tile in a template: `{d0, ..., d31}`.
+macro_rules! regs32 {
+    () => {
+        "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}"
+    };
+}
+
+/// One `wgmma.mma_async` (bf16 operands, f32 accumulators) of `$shape` on
+/// the accumulator list `$regs`, with descriptors `$a` and `$b` (template
+/// operands or asm registers), scale-d from the predicate `p`, unit
+/// scales, and the transpose flags `$ta` / `$tb` (1 = MN-major).
+macro_rules! mma {
+    ($shape:literal, $regs:expr, $a:literal, $b:literal, $ta:literal, $tb:literal) => {
+        concat!(
+            "wgmma.mma_async.sync.aligned.",
+            $shape,
+            ".f32.bf16.bf16 ",
+            $regs,
+            ", ",
+            $a,
+            ", ",
+            $b,
+            ", p, 1, 1, ",
+            $ta,
+            ", ",
+            $tb,
+            ";"
+        )
+    };
+}
+
+/// A later K step: `ak = $a + $da`, `bk = $b + $db` (the descriptors'
+/// start addresses advanced, in 16-byte units; registers `ak`, `bk`
+/// declared in the template), then [`mma`] on them.
+macro_rules! step {
+    ($shape:literal, $regs:expr, $a:literal, $da:literal, $b:literal, $db:literal, $ta:literal, $tb:literal) => {
+        concat!(
+            "add.s64 ak, ",
+            $a,
+            ", ",
+            $da,
+            ";\n",
+            "add.s64 bk, ",
+            $b,
+            ", ",
+            $db,
+            ";\n",
+            mma!($shape, $regs, "ak", "bk", $ta, $tb)
+        )
+    };
+}
+
+/// Opens a K chain: `wgmma.fence`, a scope with the predicate `p` (true:
+/// accumulate into the registers) and the step registers `ak`, `bk`.
+macro_rules! open_chain {
+    () => {
+        "wgmma.fence.sync.aligned;\n{{\n.reg .pred p;\n.reg .b64 ak, bk;\nsetp.eq.u32 p, 1, 1;"
+    };
+}
+
+/// Closes the scope of [`open_chain`] and commits the chain's group.
+macro_rules! close_chain {
+    () => {
+        "}}\nwgmma.commit_group.sync.aligned;"
+    };
+}
+
+/// `asm!` with the 16 accumulator registers of an `m64n32` tile as its
+/// first operands `d0`..`d15` (in/out), then the given ones, then
+/// `options(nostack)`: the wrappers below differ only in their templates.
+macro_rules! asm_acc16 {
+    ($acc:expr, [$($t:expr),* $(,)?], $($op:tt)*) => {
+        asm!(
+            $($t),*,
+            d0 = inout(reg32) $acc[0],
+            d1 = inout(reg32) $acc[1],
+            d2 = inout(reg32) $acc[2],
+            d3 = inout(reg32) $acc[3],
+            d4 = inout(reg32) $acc[4],
+            d5 = inout(reg32) $acc[5],
+            d6 = inout(reg32) $acc[6],
+            d7 = inout(reg32) $acc[7],
+            d8 = inout(reg32) $acc[8],
+            d9 = inout(reg32) $acc[9],
+            d10 = inout(reg32) $acc[10],
+            d11 = inout(reg32) $acc[11],
+            d12 = inout(reg32) $acc[12],
+            d13 = inout(reg32) $acc[13],
+            d14 = inout(reg32) $acc[14],
+            d15 = inout(reg32) $acc[15],
+            $($op)*
+            options(nostack),
+        )
+    };
+}
+
+/// [`asm_acc16`] for the 32 accumulator registers of an `m64n64` tile
+/// (`d16`..`d31` passed on as the first of the given operands).
+macro_rules! asm_acc32 {
+    ($acc:expr, [$($t:expr),* $(,)?], $($op:tt)*) => {
+        asm_acc16!(
+            $acc,
+            [$($t),*],
+            d16 = inout(reg32) $acc[16],
+            d17 = inout(reg32) $acc[17],
+            d18 = inout(reg32) $acc[18],
+            d19 = inout(reg32) $acc[19],
+            d20 = inout(reg32) $acc[20],
+            d21 = inout(reg32) $acc[21],
+            d22 = inout(reg32) $acc[22],
+            d23 = inout(reg32) $acc[23],
+            d24 = inout(reg32) $acc[24],
+            d25 = inout(reg32) $acc[25],
+            d26 = inout(reg32) $acc[26],
+            d27 = inout(reg32) $acc[27],
+            d28 = inout(reg32) $acc[28],
+            d29 = inout(reg32) $acc[29],
+            d30 = inout(reg32) $acc[30],
+            d31 = inout(reg32) $acc[31],
+            $($op)*
+        )
+    };
+}
 
 /// Issues `D(64x32) += A(64x128) B(128x32)` without waiting: eight
 /// `m64n32k16` steps, A and B K-major, stored as two 64-column swizzle
@@ -37,55 +174,22 @@ pub unsafe fn issue_s_m64n32(acc: &mut [f32; 16], a: u64, b: u64) {
     // it in place and does not use its values in between. Not `pure`/`nomem`: it
     // reads shared memory and is warpgroup-collective.
     unsafe {
-        asm!(
-            "wgmma.fence.sync.aligned;",
-            "{{",
-            ".reg .pred p;",
-            ".reg .b64 ak, bk;",
-            "setp.eq.u32 p, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, {a}, {b}, p, 1, 1, 0, 0;",
-            "add.s64 ak, {a}, 2;",
-            "add.s64 bk, {b}, 2;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
-            "add.s64 ak, {a}, 4;",
-            "add.s64 bk, {b}, 4;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
-            "add.s64 ak, {a}, 6;",
-            "add.s64 bk, {b}, 6;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
-            "add.s64 ak, {a}, 512;",
-            "add.s64 bk, {b}, 512;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
-            "add.s64 ak, {a}, 514;",
-            "add.s64 bk, {b}, 514;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
-            "add.s64 ak, {a}, 516;",
-            "add.s64 bk, {b}, 516;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
-            "add.s64 ak, {a}, 518;",
-            "add.s64 bk, {b}, 518;",
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}}}, ak, bk, p, 1, 1, 0, 0;",
-            "}}",
-            "wgmma.commit_group.sync.aligned;",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
+        asm_acc16!(
+            acc,
+            [
+                open_chain!(),
+                mma!("m64n32k16", regs16!(), "{a}", "{b}", 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 2, "{b}", 2, 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 4, "{b}", 4, 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 6, "{b}", 6, 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 512, "{b}", 512, 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 514, "{b}", 514, 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 516, "{b}", 516, 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 518, "{b}", 518, 0, 0),
+                close_chain!(),
+            ],
             a = in(reg64) a,
             b = in(reg64) b,
-            options(nostack),
         )
     }
 }
@@ -100,27 +204,13 @@ pub unsafe fn wait_m64n32(acc: &mut [f32; 16]) {
     // SAFETY: a wait; `acc` as in/out operands marks the point where its
     // values become defined for the compiler.
     unsafe {
-        asm!(
-            "wgmma.wait_group.sync.aligned 0;",
-            // Names the accumulators (a PTX comment) so they are operands.
-            "// {d0} {d1} {d2} {d3} {d4} {d5} {d6} {d7} {d8} {d9} {d10} {d11} {d12} {d13} {d14} {d15}",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
-            options(nostack),
+        asm_acc16!(
+            acc,
+            [
+                "wgmma.wait_group.sync.aligned 0;",
+                // Names the accumulators (a PTX comment) so they are operands.
+                "// {d0} {d1} {d2} {d3} {d4} {d5} {d6} {d7} {d8} {d9} {d10} {d11} {d12} {d13} {d14} {d15}",
+            ],
         )
     }
 }
@@ -137,64 +227,23 @@ pub unsafe fn wait_m64n32(acc: &mut [f32; 16]) {
 /// barrier.
 #[inline(always)]
 pub unsafe fn dq_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
-    // SAFETY: forwarded from the caller. The asm waits for its own group, so the accumulators are final when
-    // it returns. Not `pure`/`nomem`: it
-    // reads shared memory and is warpgroup-collective.
+    // SAFETY: forwarded from the caller. The asm waits for its own group,
+    // so the accumulators are final when it returns. Not `pure`/`nomem`:
+    // it reads shared memory and is warpgroup-collective.
     unsafe {
-        asm!(
-            "wgmma.fence.sync.aligned;",
-            "{{",
-            ".reg .pred p;",
-            ".reg .b64 ak, bk;",
-            "setp.eq.u32 p, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a}, {b}, p, 1, 1, 0, 1;",
-            "add.s64 ak, {a}, 2;",
-            "add.s64 bk, {b}, 128;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 0, 1;",
-            "add.s64 ak, {a}, 4;",
-            "add.s64 bk, {b}, 256;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 0, 1;",
-            "add.s64 ak, {a}, 6;",
-            "add.s64 bk, {b}, 384;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 0, 1;",
-            "}}",
-            "wgmma.commit_group.sync.aligned;",
-            "wgmma.wait_group.sync.aligned 0;",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
-            d16 = inout(reg32) acc[16],
-            d17 = inout(reg32) acc[17],
-            d18 = inout(reg32) acc[18],
-            d19 = inout(reg32) acc[19],
-            d20 = inout(reg32) acc[20],
-            d21 = inout(reg32) acc[21],
-            d22 = inout(reg32) acc[22],
-            d23 = inout(reg32) acc[23],
-            d24 = inout(reg32) acc[24],
-            d25 = inout(reg32) acc[25],
-            d26 = inout(reg32) acc[26],
-            d27 = inout(reg32) acc[27],
-            d28 = inout(reg32) acc[28],
-            d29 = inout(reg32) acc[29],
-            d30 = inout(reg32) acc[30],
-            d31 = inout(reg32) acc[31],
+        asm_acc32!(
+            acc,
+            [
+                open_chain!(),
+                mma!("m64n64k16", regs32!(), "{a}", "{b}", 0, 1),
+                step!("m64n64k16", regs32!(), "{a}", 2, "{b}", 128, 0, 1),
+                step!("m64n64k16", regs32!(), "{a}", 4, "{b}", 256, 0, 1),
+                step!("m64n64k16", regs32!(), "{a}", 6, "{b}", 384, 0, 1),
+                close_chain!(),
+                "wgmma.wait_group.sync.aligned 0;",
+            ],
             a = in(reg64) a,
             b = in(reg64) b,
-            options(nostack),
         )
     }
 }
@@ -210,64 +259,23 @@ pub unsafe fn dq_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
 /// barrier.
 #[inline(always)]
 pub unsafe fn dk_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
-    // SAFETY: forwarded from the caller. The asm waits for its own group, so the accumulators are final when
-    // it returns. Not `pure`/`nomem`: it
-    // reads shared memory and is warpgroup-collective.
+    // SAFETY: forwarded from the caller. The asm waits for its own group,
+    // so the accumulators are final when it returns. Not `pure`/`nomem`:
+    // it reads shared memory and is warpgroup-collective.
     unsafe {
-        asm!(
-            "wgmma.fence.sync.aligned;",
-            "{{",
-            ".reg .pred p;",
-            ".reg .b64 ak, bk;",
-            "setp.eq.u32 p, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a}, {b}, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a}, 128;",
-            "add.s64 bk, {b}, 128;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a}, 256;",
-            "add.s64 bk, {b}, 256;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a}, 384;",
-            "add.s64 bk, {b}, 384;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "}}",
-            "wgmma.commit_group.sync.aligned;",
-            "wgmma.wait_group.sync.aligned 0;",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
-            d16 = inout(reg32) acc[16],
-            d17 = inout(reg32) acc[17],
-            d18 = inout(reg32) acc[18],
-            d19 = inout(reg32) acc[19],
-            d20 = inout(reg32) acc[20],
-            d21 = inout(reg32) acc[21],
-            d22 = inout(reg32) acc[22],
-            d23 = inout(reg32) acc[23],
-            d24 = inout(reg32) acc[24],
-            d25 = inout(reg32) acc[25],
-            d26 = inout(reg32) acc[26],
-            d27 = inout(reg32) acc[27],
-            d28 = inout(reg32) acc[28],
-            d29 = inout(reg32) acc[29],
-            d30 = inout(reg32) acc[30],
-            d31 = inout(reg32) acc[31],
+        asm_acc32!(
+            acc,
+            [
+                open_chain!(),
+                mma!("m64n64k16", regs32!(), "{a}", "{b}", 1, 1),
+                step!("m64n64k16", regs32!(), "{a}", 128, "{b}", 128, 1, 1),
+                step!("m64n64k16", regs32!(), "{a}", 256, "{b}", 256, 1, 1),
+                step!("m64n64k16", regs32!(), "{a}", 384, "{b}", 384, 1, 1),
+                close_chain!(),
+                "wgmma.wait_group.sync.aligned 0;",
+            ],
             a = in(reg64) a,
             b = in(reg64) b,
-            options(nostack),
         )
     }
 }
@@ -285,72 +293,25 @@ pub unsafe fn dk_m64n64_k128(acc: &mut [f32; 32], a0: u64, b0: u64, a1: u64, b1:
     // so the accumulators are final when it returns. Not `pure`/`nomem`:
     // it reads shared memory and is warpgroup-collective.
     unsafe {
-        asm!(
-            "wgmma.fence.sync.aligned;",
-            "{{",
-            ".reg .pred p;",
-            ".reg .b64 ak, bk;",
-            "setp.eq.u32 p, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a0}, {b0}, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a0}, 128;",
-            "add.s64 bk, {b0}, 128;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a0}, 256;",
-            "add.s64 bk, {b0}, 256;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a0}, 384;",
-            "add.s64 bk, {b0}, 384;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, {a1}, {b1}, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a1}, 128;",
-            "add.s64 bk, {b1}, 128;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a1}, 256;",
-            "add.s64 bk, {b1}, 256;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "add.s64 ak, {a1}, 384;",
-            "add.s64 bk, {b1}, 384;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}}}, ak, bk, p, 1, 1, 1, 1;",
-            "}}",
-            "wgmma.commit_group.sync.aligned;",
-            "wgmma.wait_group.sync.aligned 0;",
-            d0 = inout(reg32) acc[0],
-            d1 = inout(reg32) acc[1],
-            d2 = inout(reg32) acc[2],
-            d3 = inout(reg32) acc[3],
-            d4 = inout(reg32) acc[4],
-            d5 = inout(reg32) acc[5],
-            d6 = inout(reg32) acc[6],
-            d7 = inout(reg32) acc[7],
-            d8 = inout(reg32) acc[8],
-            d9 = inout(reg32) acc[9],
-            d10 = inout(reg32) acc[10],
-            d11 = inout(reg32) acc[11],
-            d12 = inout(reg32) acc[12],
-            d13 = inout(reg32) acc[13],
-            d14 = inout(reg32) acc[14],
-            d15 = inout(reg32) acc[15],
-            d16 = inout(reg32) acc[16],
-            d17 = inout(reg32) acc[17],
-            d18 = inout(reg32) acc[18],
-            d19 = inout(reg32) acc[19],
-            d20 = inout(reg32) acc[20],
-            d21 = inout(reg32) acc[21],
-            d22 = inout(reg32) acc[22],
-            d23 = inout(reg32) acc[23],
-            d24 = inout(reg32) acc[24],
-            d25 = inout(reg32) acc[25],
-            d26 = inout(reg32) acc[26],
-            d27 = inout(reg32) acc[27],
-            d28 = inout(reg32) acc[28],
-            d29 = inout(reg32) acc[29],
-            d30 = inout(reg32) acc[30],
-            d31 = inout(reg32) acc[31],
+        asm_acc32!(
+            acc,
+            [
+                open_chain!(),
+                mma!("m64n64k16", regs32!(), "{a0}", "{b0}", 1, 1),
+                step!("m64n64k16", regs32!(), "{a0}", 128, "{b0}", 128, 1, 1),
+                step!("m64n64k16", regs32!(), "{a0}", 256, "{b0}", 256, 1, 1),
+                step!("m64n64k16", regs32!(), "{a0}", 384, "{b0}", 384, 1, 1),
+                mma!("m64n64k16", regs32!(), "{a1}", "{b1}", 1, 1),
+                step!("m64n64k16", regs32!(), "{a1}", 128, "{b1}", 128, 1, 1),
+                step!("m64n64k16", regs32!(), "{a1}", 256, "{b1}", 256, 1, 1),
+                step!("m64n64k16", regs32!(), "{a1}", 384, "{b1}", 384, 1, 1),
+                close_chain!(),
+                "wgmma.wait_group.sync.aligned 0;",
+            ],
             a0 = in(reg64) a0,
             b0 = in(reg64) b0,
             a1 = in(reg64) a1,
             b1 = in(reg64) b1,
-            options(nostack),
         )
     }
 }
