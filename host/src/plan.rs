@@ -12,7 +12,7 @@ use half::bf16;
 use kernels_gpu::params::{
     grad_kernel_name, stage1_grid, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC,
     FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS,
-    STAGE1_KERNEL, STAGE1_THREADS,
+    STAGE1_KERNEL, STAGE1_SMEM, STAGE1_THREADS,
 };
 use kernels_gpu::sm90;
 use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
@@ -495,7 +495,7 @@ impl Plan {
         // alignment and aliasing against the plan's shape; the launch shapes
         // are the kernels' contracts (`grid` CTAs of `threads` with
         // `smem_bytes`, limit raised in `new`; the fast path's stage 1 with
-        // one warp per row, then (even rows) the paired wgmma kernel with
+        // one to eight warps per row, then (even rows) the paired wgmma kernel with
         // `pair`'s grid of `sm90::PAIR` CTAs, then the wgmma row kernel;
         // each executes griddepcontrol.wait before it reads what stage 1
         // writes, and the paired one before it exits).
@@ -511,8 +511,8 @@ impl Plan {
             // the row kernel (stage 1 fused) as an ordinary launch.
             let launch_row = match &self.stage1_fn {
                 Some(stage1) => {
-                    let grid = stage1_grid(s.rows() as u32);
-                    gpu::launch(stream, stage1, grid, STAGE1_THREADS, 0, &p)?;
+                    let grid = stage1_grid(s.rows() as u32, s.topk as u32);
+                    gpu::launch(stream, stage1, grid, STAGE1_THREADS, STAGE1_SMEM, &p)?;
                     gpu::launch_pdl::<GradParams>
                 }
                 None => {

@@ -10,7 +10,7 @@ use crate::shape::{Backend, Shape};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use kernels_gpu::params::{
     sm100_stage2_kernel_name, stage1_grid, GradParams, Sm100Params, TensorMap, SM100_DIM,
-    SM100_HEADS, SM100_STAGE2_THREADS, SM100_TOPKS, STAGE1_KERNEL, STAGE1_THREADS,
+    SM100_HEADS, SM100_STAGE2_THREADS, SM100_TOPKS, STAGE1_KERNEL, STAGE1_SMEM, STAGE1_THREADS,
 };
 use kernels_gpu::sm100::budget::SM100_SMEM;
 use kernels_gpu::sm100::sched;
@@ -214,15 +214,15 @@ impl Sm100Kernels {
             p: *p,
         };
         let rows = shape.rows() as u32;
-        let grid1 = stage1_grid(rows);
+        let grid1 = stage1_grid(rows, shape.topk as u32);
         let grid2 = sched::grid(self.sms, rows).max(1);
         // SAFETY: forwarded from the caller; launch shapes are the kernels'
-        // documented contracts (stage 1: one warp per row; stage 2: one
+        // documented contracts (stage 1: one to eight warps per row; stage 2: one
         // persistent CTA per SM at most, SM100_SMEM bytes, a dependent of
         // stage 1 that waits with griddepcontrol.wait before touching its
         // outputs).
         unsafe {
-            gpu::launch(stream, &self.stage1, grid1, STAGE1_THREADS, 0, p)?;
+            gpu::launch(stream, &self.stage1, grid1, STAGE1_THREADS, STAGE1_SMEM, p)?;
             gpu::launch_pdl(
                 stream,
                 &self.stage2,

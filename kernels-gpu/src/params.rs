@@ -233,17 +233,42 @@ pub const SM100_Q_MAP_OFFSET: u32 = 128;
 /// zeroing of the f32 dK accumulator (D = 128) fused in; takes
 /// [`GradParams`].
 pub const STAGE1_KERNEL: &str = "indexer_score_grad_d128";
-/// Query rows per stage-1 CTA (one per warp).
-pub const STAGE1_ROWS: u32 = 8;
+/// Warps per stage-1 CTA.
+pub const STAGE1_WARPS: u32 = 8;
 /// Threads per stage-1 CTA.
-pub const STAGE1_THREADS: u32 = 32 * STAGE1_ROWS;
+pub const STAGE1_THREADS: u32 = 32 * STAGE1_WARPS;
+/// Slots each stage-1 thread holds in registers per pass over a row.
+pub const STAGE1_UNROLL: u32 = 8;
+/// Dynamic shared memory of the stage-1 kernel: per warp, its partial of
+/// the row sum G, its partial of the live-slot count from the row's last
+/// slots, and its partial of the count from a full scan.
+pub const STAGE1_SMEM: u32 = 3 * STAGE1_WARPS * 4;
 /// Head dimension whose accumulator the stage-1 kernel zeroes.
 pub const STAGE1_DIM: u32 = 128;
 
-/// Stage-1 grid for `rows` query rows: one CTA per [`STAGE1_ROWS`] rows,
-/// at least one (the launch also zeroes the dK accumulator).
-pub const fn stage1_grid(rows: u32) -> u32 {
-    let g = rows.div_ceil(STAGE1_ROWS);
+/// Warps that share one stage-1 row: the fewest (a power of two, at most
+/// [`STAGE1_WARPS`]) whose threads hold a whole row of `topk` slots in
+/// registers at [`STAGE1_UNROLL`] slots each, so each slot's scores are
+/// read from memory once (longer rows make two passes).
+pub const fn stage1_warps_per_row(topk: u32) -> u32 {
+    let need = topk.div_ceil(32 * STAGE1_UNROLL);
+    let mut w = 1;
+    while w < need && w < STAGE1_WARPS {
+        w *= 2;
+    }
+    w
+}
+
+/// Query rows per stage-1 CTA at this topk.
+pub const fn stage1_rows_per_cta(topk: u32) -> u32 {
+    STAGE1_WARPS / stage1_warps_per_row(topk)
+}
+
+/// Stage-1 grid for `rows` query rows of `topk` slots: one CTA per
+/// [`stage1_rows_per_cta`] rows, at least one (the launch also zeroes the
+/// dK accumulator).
+pub const fn stage1_grid(rows: u32, topk: u32) -> u32 {
+    let g = rows.div_ceil(stage1_rows_per_cta(topk));
     if g == 0 {
         1
     } else {
@@ -326,12 +351,14 @@ pub const fn grad_kernel_name(heads: u32, dim: u32) -> Option<&'static str> {
 /// CTA, minimum resident CTAs per SM)`. Two resident row-kernel CTAs per SM
 /// let one CTA's gathers and barriers overlap the other's tensor-core work;
 /// ptxas then caps registers at 128 per thread (the H=128 kernels need more
-/// and keep one CTA). The stage-1 kernel asks for four (at most 64
-/// registers): it is latency-bound and wants many warps in flight. Applied
+/// and keep one CTA). The stage-1 kernel asks for three (at most 85
+/// registers; each thread keeps 16 scores in flight and in registers, which
+/// spilled under the 64 of four): it is bound by memory latency and
+/// bandwidth and wants many loads in flight. Applied
 /// as given for sm_90a; the sm_100a build asks for one CTA everywhere (not
 /// tuned there).
 pub const LAUNCH_BOUNDS: [(&str, u32, u32); 9] = [
-    (STAGE1_KERNEL, STAGE1_THREADS, 4),
+    (STAGE1_KERNEL, STAGE1_THREADS, 3),
     ("indexer_bwd_rows_h16_d64", 256, 2),
     ("indexer_bwd_rows_h16_d128", 256, 2),
     ("indexer_bwd_rows_h32_d64", 256, 2),
@@ -398,11 +425,40 @@ mod tests {
 
     #[test]
     fn stage1_grid_covers_every_row_with_at_least_one_cta() {
-        assert_eq!(stage1_grid(0), 1);
-        assert_eq!(stage1_grid(1), 1);
-        assert_eq!(stage1_grid(STAGE1_ROWS), 1);
-        assert_eq!(stage1_grid(STAGE1_ROWS + 1), 2);
-        assert_eq!(stage1_grid(8192), 8192 / STAGE1_ROWS);
+        for topk in [
+            1u32,
+            64,
+            128,
+            256,
+            257,
+            512,
+            1000,
+            1024,
+            2048,
+            2049,
+            1 << 20,
+        ] {
+            let (w, r) = (stage1_warps_per_row(topk), stage1_rows_per_cta(topk));
+            assert!(w.is_power_of_two() && w <= STAGE1_WARPS, "topk {topk}");
+            assert_eq!(w * r, STAGE1_WARPS);
+            // A row fits one register pass whenever a whole CTA can hold it,
+            // with the fewest warps that do.
+            let span = 32 * w * STAGE1_UNROLL;
+            if topk <= 32 * STAGE1_WARPS * STAGE1_UNROLL {
+                assert!(topk <= span && (w == 1 || topk > span / 2), "topk {topk}");
+            } else {
+                assert_eq!(w, STAGE1_WARPS);
+            }
+            assert_eq!(stage1_grid(0, topk), 1);
+            assert_eq!(stage1_grid(1, topk), 1);
+            assert_eq!(stage1_grid(r, topk), 1);
+            assert_eq!(stage1_grid(r + 1, topk), 2);
+            assert!(stage1_grid(8192, topk) * r >= 8192);
+            assert!((stage1_grid(8192, topk) - 1) * r < 8192);
+        }
+        assert_eq!(stage1_warps_per_row(2048), 8);
+        assert_eq!(stage1_warps_per_row(512), 2);
+        assert_eq!(stage1_warps_per_row(256), 1);
     }
 
     #[test]

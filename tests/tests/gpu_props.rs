@@ -128,6 +128,21 @@ fn gpu_fast_path_skipping_trailing_padding_matches_reference() {
     );
 }
 
+/// 10 cases at H = 64, D = 128 with topk 1000-4600 and few rows: stage 1
+/// shares each row among four or eight warps (`stage1_warps_per_row`) and
+/// makes two passes over rows longer than 2048 slots, and its count of
+/// live chunks scans a whole row when the row's last 256 slots are all
+/// padding (short rows, padded at the end). Same checks.
+#[test]
+fn gpu_fast_path_on_long_rows_matches_reference() {
+    const _: () = assert!(kernels_gpu::params::stage1_warps_per_row(4600) == 8);
+    const _: () = assert!(kernels_gpu::params::stage1_warps_per_row(1000) == 4);
+    let cases = case(vec![64], vec![128], 1..=8, 1000..=4600).prop_map(
+        |(shape, opts, seed, dups, _, trailing)| (shape, opts, seed, dups, true, trailing),
+    );
+    run_cases("gpu_fast_path_on_long_rows_matches_reference", cases, 10);
+}
+
 /// 32 cases at H = 64, D = 128 with an even number of rows (where the fast
 /// path launches the paired kernel and the row kernel, and a test on the
 /// ids picks one) whose odd rows copy the previous row's ids, all of them
