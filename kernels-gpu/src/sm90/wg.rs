@@ -112,7 +112,10 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     // The tensor cores apply the swizzle to absolute address bits: align the
     // tiles to 1024 bytes whatever the driver's base alignment is.
     let base0 = (smem::base().0 + 1023) & !1023;
-    let base = SmemAddr(base0 + half * PAIR.half_stride);
+    // Base of half h's copy of the layout (the whole CTA's in the row
+    // kernel, h = 0); `pbase` is the other half's (paired kernel only).
+    let half_base = |h: u32| SmemAddr(base0 + h * PAIR.half_stride);
+    let (base, pbase) = (half_base(half), half_base(1 - half));
     // Barrier of this thread's half (of the CTA in the row kernel); the
     // halves of a paired CTA meet only at B2 and STAGED in the item loop.
     let bar_half = || {
@@ -446,7 +449,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
             // (host-checked base, D*4 a multiple of 16).
             unsafe {
                 if let Some(comp) = fused {
-                    let cbase = SmemAddr(base0 + comp * PAIR.half_stride);
+                    let cbase = half_base(comp);
                     let r = smem::ld_u32(cbase.add(l.red_rows).add(4 * slot)) as i32;
                     if r >= 0 && (slot / 4) % 2 == half {
                         let v = smem::ld_v4_f32(cbase.add(l.dk).add(slot * DK_STRIDE + lane * 16));
@@ -460,7 +463,6 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
                 // slots, so every warp does half of them) reduces the sum of
                 // both staged rows and the other skips it.
                 let half = half;
-                let pbase = SmemAddr(base0 + (1 - half) * PAIR.half_stride);
                 let (psdk, psred_rows) = (pbase.add(l.dk), pbase.add(l.red_rows));
                 let shared = PAIRED && r == smem::ld_u32(psred_rows.add(4 * slot)) as i32;
                 if r >= 0 && (!shared || (slot / 4) % 2 == half) {
@@ -536,7 +538,6 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // both stagings.
         let fused = if PAIRED {
             let differs = tid < CHUNK && {
-                let pbase = SmemAddr(base0 + (1 - half) * PAIR.half_stride);
                 let prows = pbase.add(l.rows).add(4 * set * CHUNK);
                 // SAFETY: both halves' key rows of this item are complete
                 // (see above).
@@ -577,7 +578,6 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
             let db = desc(sq.0 + wg * Q_BLOCK, Q_BLOCK, ATOM_BYTES);
             if fused.is_some() {
                 if stages {
-                    let pbase = SmemAddr(base0 + (1 - half) * PAIR.half_stride);
                     let psq = pbase.add(l.q).add((k % 2) * Q_BYTES);
                     let da1 = desc(pbase.add(l.ds).0, K_BLOCK, ATOM_BYTES);
                     let db1 = desc(psq.0 + wg * Q_BLOCK, Q_BLOCK, ATOM_BYTES);
