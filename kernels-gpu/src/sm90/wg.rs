@@ -76,6 +76,9 @@ const BAR_STAGED: u32 = 3;
 /// ragged ids 5-6%.
 const RED_FIRST: u32 = 4;
 const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
+// `reduce_rows` skips a fused call on the other half's group of four slots
+// whole: its calls must cover whole groups.
+const _: () = assert!(RED_FIRST.is_multiple_of(4) && ROWS_PER_WARP == 8);
 
 /// The kernel body.
 ///
@@ -435,41 +438,91 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     // both halves): its staging holds the sum, and each half reduces its
     // groups of four slots from it.
     let reduce_rows = |lo: u32, hi: u32, fused: Option<u32>| {
+        // Each warp takes its eight rows in an order that depends on the
+        // CTA (i XOR cta % 8). With one order everywhere, CTAs whose rows
+        // select the same key in the same slot (causal selections) reduce
+        // into the same key row at the same moment; measured on the H200
+        // (SPEC workload): ragged topk 128 / 256 5% / 3% faster, uniform
+        // 1-2%, topk 1024 unchanged.
+        let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
+        let slot_at = |i: u32| warp * ROWS_PER_WARP + (i ^ x);
+        // Fused: a half reduces the slots of its groups of four, and the
+        // calls cover whole groups (RED_FIRST is 0, 4 or 8), so a call on
+        // the other half's group has nothing to do.
+        if fused.is_some() && lo < hi && ((lo ^ x) / 4) % 2 != half {
+            return;
+        }
+        // The key rows of slot `i`: (this half's, the other half's) for an
+        // item that is not fused, (the computing half's, unused) for a
+        // fused one.
+        let key_rows = |i: u32| -> (i32, i32) {
+            let slot = slot_at(i);
+            // SAFETY: written before barrier M (of both halves in the
+            // paired kernel); read only.
+            unsafe {
+                match fused {
+                    Some(comp) => {
+                        let r = smem::ld_u32(half_base(comp).add(l.red_rows).add(4 * slot));
+                        (r as i32, 0)
+                    }
+                    None => {
+                        let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
+                        let pr = if PAIRED {
+                            smem::ld_u32(pbase.add(l.red_rows).add(4 * slot)) as i32
+                        } else {
+                            -1
+                        };
+                        (r, pr)
+                    }
+                }
+            }
+        };
+        // Paired: each iteration loads the next slot's key rows before it
+        // uses its own (loaded by the previous one), so the shared-memory
+        // latency of those loads is not paid in front of every reduction.
+        // Measured on the H200 (SPEC workload, f32, A/B, two rounds): ragged
+        // topk 256 / 512 / 1024 / 2048 3.2-3.5% faster. The row kernel
+        // loads them in place: there the same change cost uniform ids
+        // 0.5-0.9%.
+        let mut next = if PAIRED && lo < hi {
+            key_rows(lo)
+        } else {
+            (-1, -1)
+        };
         for i in lo..hi {
-            // Each warp takes its eight rows in an order that depends on
-            // the CTA (i XOR cta % 8). With one order everywhere, CTAs whose
-            // rows select the same key in the same slot (causal selections)
-            // reduce into the same key row at the same moment; measured on
-            // the H200 (SPEC workload): ragged topk 128 / 256 5% / 3%
-            // faster, uniform 1-2%, topk 1024 unchanged.
-            let slot = warp * ROWS_PER_WARP + (i ^ (sreg::block_idx_x_here() % ROWS_PER_WARP));
+            let (r, pr) = if PAIRED {
+                let cur = next;
+                if i + 1 < hi {
+                    next = key_rows(i + 1);
+                }
+                cur
+            } else {
+                key_rows(i)
+            };
+            let slot = slot_at(i);
             // SAFETY: the staged row and its key row are complete (barrier
             // M, of both halves in the paired kernel); a valid key row lies
             // inside the (B*S_k, D) accumulator, 16-byte aligned
             // (host-checked base, D*4 a multiple of 16).
             unsafe {
                 if let Some(comp) = fused {
-                    let cbase = half_base(comp);
-                    let r = smem::ld_u32(cbase.add(l.red_rows).add(4 * slot)) as i32;
                     if r >= 0 && (slot / 4) % 2 == half {
-                        let v = smem::ld_v4_f32(cbase.add(l.dk).add(slot * DK_STRIDE + lane * 16));
+                        let cdk = half_base(comp).add(l.dk);
+                        let v = smem::ld_v4_f32(cdk.add(slot * DK_STRIDE + lane * 16));
                         global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
                     }
                     continue;
                 }
-                let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
                 // Paired: where the other half's row selected the same key
                 // in this slot, one half (alternating by groups of four
                 // slots, so every warp does half of them) reduces the sum of
                 // both staged rows and the other skips it.
-                let half = half;
-                let (psdk, psred_rows) = (pbase.add(l.dk), pbase.add(l.red_rows));
-                let shared = PAIRED && r == smem::ld_u32(psred_rows.add(4 * slot)) as i32;
+                let shared = PAIRED && r == pr;
                 if r >= 0 && (!shared || (slot / 4) % 2 == half) {
                     let at = slot * DK_STRIDE + lane * 16;
                     let mut v = smem::ld_v4_f32(sdk.add(at));
                     if shared {
-                        let o = smem::ld_v4_f32(psdk.add(at));
+                        let o = smem::ld_v4_f32(pbase.add(l.dk).add(at));
                         v = [v[0] + o[0], v[1] + o[1], v[2] + o[2], v[3] + o[3]];
                     }
                     global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
@@ -490,6 +543,17 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         let kb = sk.add(set * K_BYTES);
         let (sq, sw) = (q_buf(k), w_buf(k));
         let (sgs, srows) = (sgs0.add(4 * set * CHUNK), srows0.add(4 * set * CHUNK));
+        // Paired: whether this slot's key rows differ between the halves,
+        // for B2 below (both halves' key rows of this item were written
+        // before the previous B2, or the prologue's barrier for items 0 and
+        // 1, and are rewritten only after this item's B2). Loaded here so
+        // the loads' latency passes during the S wait and the gate, not in
+        // front of B2.
+        let differs = PAIRED && tid < CHUNK && {
+            let prows = pbase.add(l.rows).add(4 * set * CHUNK);
+            // SAFETY: complete, as said; read only.
+            unsafe { smem::ld_u32(srows.add(4 * tid)) != smem::ld_u32(prows.add(4 * tid)) }
+        };
         // SAFETY: whole warpgroup; `s` is the array of the issue.
         unsafe { wgmma::wait_m64n32(&mut s) };
 
@@ -529,20 +593,13 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         }
         // Uniform barrier (B2): dS complete and fenced. Paired: a barrier of
         // the whole CTA, which also counts the slots whose key rows differ
-        // between the halves (both halves' rows of this item were written
-        // before the previous B2, or the prologue's barrier for items 0 and
-        // 1, and are rewritten only after this one). With none, half `it %
+        // between the halves (`differs`, loaded before the S wait). With
+        // none, half `it %
         // 2` computes the item's dK for both rows as one product and the
         // other half neither computes nor stages dK. Every read of either
         // half's staging of earlier items precedes it, so it also frees
         // both stagings.
         let fused = if PAIRED {
-            let differs = tid < CHUNK && {
-                let prows = pbase.add(l.rows).add(4 * set * CHUNK);
-                // SAFETY: both halves' key rows of this item are complete
-                // (see above).
-                unsafe { smem::ld_u32(srows.add(4 * tid)) != smem::ld_u32(prows.add(4 * tid)) }
-            };
             // SAFETY: every thread of the CTA reaches it (the halves walk
             // the same items); barrier 0 has no other use in the loop.
             (unsafe { sync::bar_red_popc(differs) } == 0).then_some(it % 2)
