@@ -79,6 +79,8 @@ const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
 // `reduce_rows` skips a fused call on the other half's group of four slots
 // whole: its calls must cover whole groups.
 const _: () = assert!(RED_FIRST.is_multiple_of(4) && ROWS_PER_WARP == 8);
+// The paired kernel's gather gives each thread the same number of vectors.
+const _: () = assert!((CHUNK * VECS).is_multiple_of(THREADS));
 
 /// The kernel body.
 ///
@@ -325,14 +327,13 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     // `set` into K buffer `set`, in swizzle blocks; one group per thread.
     let gather = |set: u32| {
         let kbuf = sk.add(set * K_BYTES);
-        let mut v = tid;
-        while v < CHUNK * VECS {
+        // One 16-byte vector `v` of the chunk: key row `r` of its slot.
+        let copy = |v: u32, r: i32| {
             let (slot, cc) = (v / VECS, v % VECS);
-            // SAFETY: row ids were written before a barrier; a valid row is
-            // < B*S_k so the 16-byte vector lies inside index_k; padding
-            // copies 0 bytes (zero fill) from the valid base address.
+            // SAFETY: a valid row is < B*S_k so the 16-byte vector lies
+            // inside index_k; padding copies 0 bytes (zero fill) from the
+            // valid base address.
             unsafe {
-                let r = smem::ld_u32(srows0.add(4 * (set * CHUNK + slot))) as i32;
                 let (src, n) = if r >= 0 {
                     (
                         (p.index_k as *const u8).add((r as usize * D + cc as usize * 8) * 2),
@@ -344,7 +345,44 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
                 let dst = kbuf.add((cc / 8) * K_BLOCK + swizzle(slot, (cc % 8) * 16));
                 cp_async::copy_16(dst, src, n);
             }
-            v += THREADS;
+        };
+        // SAFETY: row ids were written before a barrier; read only.
+        let row = |v: u32| unsafe { smem::ld_u32(srows0.add(4 * (set * CHUNK + v / VECS))) as i32 };
+        if PAIRED {
+            // All of this thread's key rows loaded before its first copy,
+            // so their latency is paid once, not in front of every copy.
+            // Measured on the H200: see docs/perf-notes.md ("Loads ahead
+            // of their use in the paired kernel").
+            const PER_THREAD: usize = (CHUNK * VECS / THREADS) as usize;
+            let mut r = [0i32; PER_THREAD];
+            for (i, x) in r.iter_mut().enumerate() {
+                *x = row(tid + i as u32 * THREADS);
+            }
+            for (i, &x) in r.iter().enumerate() {
+                copy(tid + i as u32 * THREADS, x);
+            }
+        } else {
+            let mut v = tid;
+            while v < CHUNK * VECS {
+                let (slot, cc) = (v / VECS, v % VECS);
+                // SAFETY: row ids were written before a barrier; a valid row is
+                // < B*S_k so the 16-byte vector lies inside index_k; padding
+                // copies 0 bytes (zero fill) from the valid base address.
+                unsafe {
+                    let r = smem::ld_u32(srows0.add(4 * (set * CHUNK + slot))) as i32;
+                    let (src, n) = if r >= 0 {
+                        (
+                            (p.index_k as *const u8).add((r as usize * D + cc as usize * 8) * 2),
+                            16,
+                        )
+                    } else {
+                        (p.index_k as *const u8, 0)
+                    };
+                    let dst = kbuf.add((cc / 8) * K_BLOCK + swizzle(slot, (cc % 8) * 16));
+                    cp_async::copy_16(dst, src, n);
+                }
+                v += THREADS;
+            }
         }
         cp_async::commit_group();
     };
@@ -549,10 +587,19 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // 1, and are rewritten only after this item's B2). Loaded here so
         // the loads' latency passes during the S wait and the gate, not in
         // front of B2.
-        let differs = PAIRED && tid < CHUNK && {
+        // (This slot's own key row is kept for the copy after the staging.)
+        let (own_row, differs) = if PAIRED && tid < CHUNK {
             let prows = pbase.add(l.rows).add(4 * set * CHUNK);
             // SAFETY: complete, as said; read only.
-            unsafe { smem::ld_u32(srows.add(4 * tid)) != smem::ld_u32(prows.add(4 * tid)) }
+            let (a, b) = unsafe {
+                (
+                    smem::ld_u32(srows.add(4 * tid)),
+                    smem::ld_u32(prows.add(4 * tid)),
+                )
+            };
+            (a, a != b)
+        } else {
+            (0, false)
         };
         // SAFETY: whole warpgroup; `s` is the array of the issue.
         unsafe { wgmma::wait_m64n32(&mut s) };
@@ -662,7 +709,12 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
                     }
                 }
                 if tid < CHUNK {
-                    smem::st_u32(sred_rows.add(4 * tid), smem::ld_u32(srows.add(4 * tid)));
+                    let r = if PAIRED {
+                        own_row
+                    } else {
+                        smem::ld_u32(srows.add(4 * tid))
+                    };
+                    smem::st_u32(sred_rows.add(4 * tid), r);
                 }
             }
         }
