@@ -79,7 +79,7 @@ const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
 // `reduce_rows` skips a fused call on the other half's group of four slots
 // whole: its calls must cover whole groups.
 const _: () = assert!(RED_FIRST.is_multiple_of(4) && ROWS_PER_WARP == 8);
-// The paired kernel's gather gives each thread the same number of vectors.
+// The gather gives each thread the same number of vectors.
 const _: () = assert!((CHUNK * VECS).is_multiple_of(THREADS));
 
 /// The kernel body.
@@ -348,41 +348,16 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         };
         // SAFETY: row ids were written before a barrier; read only.
         let row = |v: u32| unsafe { smem::ld_u32(srows0.add(4 * (set * CHUNK + v / VECS))) as i32 };
-        if PAIRED {
-            // All of this thread's key rows loaded before its first copy,
-            // so their latency is paid once, not in front of every copy.
-            // Measured on the H200: see docs/perf-notes.md ("Loads ahead
-            // of their use in the paired kernel").
-            const PER_THREAD: usize = (CHUNK * VECS / THREADS) as usize;
-            let mut r = [0i32; PER_THREAD];
-            for (i, x) in r.iter_mut().enumerate() {
-                *x = row(tid + i as u32 * THREADS);
-            }
-            for (i, &x) in r.iter().enumerate() {
-                copy(tid + i as u32 * THREADS, x);
-            }
-        } else {
-            let mut v = tid;
-            while v < CHUNK * VECS {
-                let (slot, cc) = (v / VECS, v % VECS);
-                // SAFETY: row ids were written before a barrier; a valid row is
-                // < B*S_k so the 16-byte vector lies inside index_k; padding
-                // copies 0 bytes (zero fill) from the valid base address.
-                unsafe {
-                    let r = smem::ld_u32(srows0.add(4 * (set * CHUNK + slot))) as i32;
-                    let (src, n) = if r >= 0 {
-                        (
-                            (p.index_k as *const u8).add((r as usize * D + cc as usize * 8) * 2),
-                            16,
-                        )
-                    } else {
-                        (p.index_k as *const u8, 0)
-                    };
-                    let dst = kbuf.add((cc / 8) * K_BLOCK + swizzle(slot, (cc % 8) * 16));
-                    cp_async::copy_16(dst, src, n);
-                }
-                v += THREADS;
-            }
+        // All of this thread's key rows loaded before its first copy, so
+        // their latency is paid once, not in front of every copy. Measured
+        // on the H200: see docs/perf-notes.md ("Loads ahead of their use").
+        const PER_THREAD: usize = (CHUNK * VECS / THREADS) as usize;
+        let mut r = [0i32; PER_THREAD];
+        for (i, x) in r.iter_mut().enumerate() {
+            *x = row(tid + i as u32 * THREADS);
+        }
+        for (i, &x) in r.iter().enumerate() {
+            copy(tid + i as u32 * THREADS, x);
         }
         cp_async::commit_group();
     };
@@ -601,8 +576,29 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         } else {
             (0, false)
         };
+        // The gate's inputs: the weights of this thread's two heads and the
+        // grad_signal of its eight slots (written before a barrier). The row
+        // kernel loads them before the S wait, so their latency passes
+        // during it; the paired kernel, at 127 of its 128 registers, in
+        // place.
+        let gate_in = || {
+            // SAFETY: written before a barrier; read only.
+            unsafe {
+                let wh = [
+                    smem::ld_f32(sw.add(4 * (16 * wi + g))),
+                    smem::ld_f32(sw.add(4 * (16 * wi + g + 8))),
+                ];
+                let mut gs = [[0.0f32; 2]; 4];
+                for (j, x) in gs.iter_mut().enumerate() {
+                    *x = smem::ld_v2_f32(sgs.add(4 * (wg * 32 + 8 * j as u32 + c)));
+                }
+                (wh, gs)
+            }
+        };
+        let early = if PAIRED { None } else { Some(gate_in()) };
         // SAFETY: whole warpgroup; `s` is the array of the issue.
         unsafe { wgmma::wait_m64n32(&mut s) };
+        let (wh, gsv) = early.unwrap_or_else(gate_in);
 
         // ---- epilogue: gate, dS (bf16, swizzled), d_weights partials ----
         // Padding slots need no test here: their K rows were zero-filled, so
@@ -611,13 +607,9 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // SAFETY: `sgs` and `sw` were written before a barrier; each thread
         // stores its own dS pairs (distinct (head, slot) pairs).
         unsafe {
-            let wh = [
-                smem::ld_f32(sw.add(4 * (16 * wi + g))),
-                smem::ld_f32(sw.add(4 * (16 * wi + g + 8))),
-            ];
             for j in 0..4u32 {
                 let tl = wg * 32 + 8 * j + c;
-                let gs = smem::ld_v2_f32(sgs.add(4 * tl));
+                let gs = gsv[j as usize];
                 for (half, dwh) in dw.iter_mut().enumerate() {
                     let h = 16 * wi + g + 8 * half as u32;
                     let mut ds = [0.0f32; 2];
