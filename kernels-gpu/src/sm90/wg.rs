@@ -579,8 +579,8 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // The gate's inputs: the weights of this thread's two heads and the
         // grad_signal of its eight slots (written before a barrier). The row
         // kernel loads them before the S wait, so their latency passes
-        // during it; the paired kernel, at 127 of its 128 registers, in
-        // place.
+        // during it; the paired kernel, at its limit of 128 registers,
+        // after it.
         let gate_in = || {
             // SAFETY: written before a barrier; read only.
             unsafe {
@@ -633,9 +633,9 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // Uniform barrier (B2): dS complete and fenced. Paired: a barrier of
         // the whole CTA, which also counts the slots whose key rows differ
         // between the halves (`differs`, loaded before the S wait). With
-        // none, half `it %
-        // 2` computes the item's dK for both rows as one product and the
-        // other half neither computes nor stages dK. Every read of either
+        // none, half `it % 2` computes the item's dK for both rows as one
+        // product and the other half neither computes nor stages dK. Every
+        // read of either
         // half's staging of earlier items precedes it, so it also frees
         // both stagings.
         let fused = if PAIRED {
