@@ -635,9 +635,8 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         // between the halves (`differs`, loaded before the S wait). With
         // none, half `it % 2` computes the item's dK for both rows as one
         // product and the other half neither computes nor stages dK. Every
-        // read of either
-        // half's staging of earlier items precedes it, so it also frees
-        // both stagings.
+        // read of either half's staging of earlier items precedes it, so it
+        // also frees both stagings.
         let fused = if PAIRED {
             // SAFETY: every thread of the CTA reaches it (the halves walk
             // the same items); barrier 0 has no other use in the loop.
