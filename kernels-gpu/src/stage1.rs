@@ -62,7 +62,7 @@ pub unsafe extern "ptx-kernel" fn indexer_score_grad_d128(p: GradParams) {
 
     // ---- one query row per group of `wpr` warps ----
     // Every thread goes on to the barriers below (a CTA-uniform count);
-    // threads of a row past the last touch no memory.
+    // threads whose row is past the last read and write no slot data.
     let wpr = stage1_warps_per_row(p.topk);
     let tpr = 32 * wpr as usize; // threads per row
     let row = cta * (STAGE1_WARPS / wpr) + warp / wpr;
