@@ -569,11 +569,48 @@ pub fn check_against_reference(p: &Problem, out: &GpuOut) -> Errors {
         );
     }
     assert!(
-        out.index_score_after
-            .iter()
-            .zip(&p.score)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        same_bits(&out.index_score_after, &p.score),
         "index_score changed; {ctx}"
     );
     e
+}
+
+/// Element types [`same_bits`] compares bit for bit.
+pub trait Bits: Copy {
+    /// The value's bits.
+    fn bits(self) -> u32;
+}
+
+impl Bits for f32 {
+    fn bits(self) -> u32 {
+        self.to_bits()
+    }
+}
+
+impl Bits for bf16 {
+    fn bits(self) -> u32 {
+        self.to_bits() as u32
+    }
+}
+
+/// Whether `a` and `b` have the same length and bitwise equal elements
+/// (so -0.0 and 0.0 differ, and a NaN equals only the same NaN): the
+/// reproducibility and untouched-input checks.
+pub fn same_bits<T: Bits>(a: &[T], b: &[T]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.bits() == y.bits())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_bits_needs_equal_lengths_and_bits() {
+        assert!(same_bits(&[1.0f32, f32::NAN], &[1.0, f32::NAN]));
+        assert!(!same_bits(&[0.0f32], &[-0.0]));
+        assert!(!same_bits(&[1.0f32, 2.0], &[1.0]));
+        let h = |x: f32| bf16::from_f32(x);
+        assert!(same_bits(&[h(0.5), h(-3.0)], &[h(0.5), h(-3.0)]));
+        assert!(!same_bits(&[h(0.5)], &[h(0.50390625)]));
+    }
 }

@@ -7,7 +7,7 @@ use dsa_indexer_bwd::{
     bf16, Error, GradDtype, GradOut, Inputs, KeyIds, Options, Outputs, Plan, ScoreKind, Shape,
 };
 use indexer_tests::{
-    check_against_reference, gpu, run_gpu, DeviceProblem, Gen, Padding, Problem, Values,
+    check_against_reference, gpu, run_gpu, same_bits, DeviceProblem, Gen, Padding, Problem, Values,
 };
 use rand::SeedableRng;
 use std::sync::Arc;
@@ -308,21 +308,14 @@ fn realistic_shapes_are_accurate_and_deterministic() {
         println!("topk {topk} ragged {ragged}: {e:?}");
         let b = run_gpu(&ctx, &p);
         assert!(
-            a.d_index_q
-                .iter()
-                .zip(&b.d_index_q)
-                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            same_bits(&a.d_index_q, &b.d_index_q),
             "d_index_q not bitwise stable"
         );
         assert_eq!(
             a.d_weights_bits, b.d_weights_bits,
             "d_weights not bitwise stable"
         );
-        assert!(a
-            .grad_signal
-            .iter()
-            .zip(&b.grad_signal)
-            .all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert!(same_bits(&a.grad_signal, &b.grad_signal));
     }
 }
 

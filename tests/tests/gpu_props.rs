@@ -5,7 +5,9 @@
 //! variants, the log variant, bf16 and f32 outputs.
 
 use dsa_indexer_bwd::{GradDtype, KeyIds, Options, ScoreKind, Shape};
-use indexer_tests::{check_against_reference, gpu, run_gpu, Gen, Padding, Problem, Values};
+use indexer_tests::{
+    check_against_reference, gpu, run_gpu, same_bits, Gen, Padding, Problem, Values,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rand::SeedableRng;
@@ -236,10 +238,7 @@ fn run_cases_with<E: Clone + std::fmt::Debug>(
                 let b = run_gpu(&ctx, &p);
                 check_against_reference(&p, &b);
                 prop_assert!(
-                    a.d_index_q
-                        .iter()
-                        .zip(&b.d_index_q)
-                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    same_bits(&a.d_index_q, &b.d_index_q),
                     "d_index_q differs between paddings"
                 );
                 prop_assert_eq!(
@@ -247,11 +246,7 @@ fn run_cases_with<E: Clone + std::fmt::Debug>(
                     &b.d_weights_bits,
                     "d_weights differs between paddings"
                 );
-                prop_assert!(a
-                    .grad_signal
-                    .iter()
-                    .zip(&b.grad_signal)
-                    .all(|(x, y)| x.to_bits() == y.to_bits()));
+                prop_assert!(same_bits(&a.grad_signal, &b.grad_signal));
                 n.set(n.get() + 1);
                 Ok::<(), TestCaseError>(())
             },
