@@ -495,8 +495,9 @@ impl Plan {
         // alignment and aliasing against the plan's shape; the launch shapes
         // are the kernels' contracts (`grid` CTAs of `threads` with
         // `smem_bytes`, limit raised in `new`; the fast path's stage 1 with
-        // one to eight warps per row, then (even rows) the paired wgmma kernel with
-        // `pair`'s grid of `sm90::PAIR` CTAs, then the wgmma row kernel;
+        // one to eight warps per row and `STAGE1_SMEM` bytes, then (even
+        // rows) the paired wgmma kernel with `pair`'s grid of `sm90::PAIR`
+        // CTAs, then the wgmma row kernel;
         // each executes griddepcontrol.wait before it reads what stage 1
         // writes, and the paired one before it exits).
         let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));

@@ -217,10 +217,10 @@ impl Sm100Kernels {
         let grid1 = stage1_grid(rows, shape.topk as u32);
         let grid2 = sched::grid(self.sms, rows).max(1);
         // SAFETY: forwarded from the caller; launch shapes are the kernels'
-        // documented contracts (stage 1: one to eight warps per row; stage 2: one
-        // persistent CTA per SM at most, SM100_SMEM bytes, a dependent of
-        // stage 1 that waits with griddepcontrol.wait before touching its
-        // outputs).
+        // documented contracts (stage 1: one to eight warps per row,
+        // STAGE1_SMEM bytes; stage 2: one persistent CTA per SM at most,
+        // SM100_SMEM bytes, a dependent of stage 1 that waits with
+        // griddepcontrol.wait before touching its outputs).
         unsafe {
             gpu::launch(stream, &self.stage1, grid1, STAGE1_THREADS, STAGE1_SMEM, p)?;
             gpu::launch_pdl(

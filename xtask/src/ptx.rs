@@ -291,6 +291,9 @@ fn dynamic_smem(kernel: &str) -> String {
     if kernel == SMOKE_KERNEL {
         return SMOKE_SMEM_BYTES.to_string();
     }
+    if kernel == kernels_gpu::params::STAGE1_KERNEL {
+        return kernels_gpu::params::STAGE1_SMEM.to_string();
+    }
     if kernel == kernels_gpu::sm90::WG_KERNEL {
         return kernels_gpu::sm90::SMEM.bytes.to_string();
     }
