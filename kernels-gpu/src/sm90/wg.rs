@@ -215,11 +215,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
             // Both halves walk the pair's longer row.
             let r0 = 2 * row_at(ctas, cta, k);
             let (a, b) = (count(r0), count(r0 + 1));
-            if a > b {
-                a
-            } else {
-                b
-            }
+            b.max(a)
         } else {
             count(row_of(k))
         }
