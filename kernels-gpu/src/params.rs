@@ -379,10 +379,10 @@ pub const SM90_LAUNCH_BOUNDS: [(&str, u32, u32); 2] = [
 
 /// Kernels of [`SM90_LAUNCH_BOUNDS`] always launched with exactly their
 /// bound's thread count: their bound is written as `.reqntid T, 1, 1`
-/// instead of `.maxntid`. For the wgmma row kernel ptxas then allocates 108
-/// registers instead of 128, and the SPEC workload on uniform ids ran 0.4-2%
-/// faster (H200, topk 256-2048, two rounds); the paired kernel was not
-/// measured with it.
+/// instead of `.maxntid`. For the wgmma row kernel ptxas then allocated 108
+/// registers instead of 128 (110 since 78a2a89's loads ahead), and the
+/// SPEC workload on uniform ids ran 0.4-2% faster (H200, topk 256-2048,
+/// two rounds); the paired kernel was not measured with it.
 pub const SM90_EXACT_BLOCK: [&str; 1] = [crate::sm90::WG_KERNEL];
 
 #[cfg(test)]

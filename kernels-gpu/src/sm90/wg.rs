@@ -439,9 +439,12 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     // Uniform barrier: grad_signal of items 0 and 1.
     bar_half();
     // Reductions of staged rows lo..hi (of each warp's eight) of the
-    // current staging. Not unrolled (opaque bound): eight rows' loads in
-    // flight at once would add 32+ live registers on top of the in-flight S
-    // and dQ accumulators and make ptxas spill.
+    // current staging; each call covers four rows. In the row kernel's SASS
+    // (Nsight Compute, 78a2a89) ptxas unrolls them, loads the four key rows
+    // first and then each staged row into the same four registers right
+    // before its reduction; loading all four staged rows first (16 more
+    // live registers) measured no faster (docs/perf-notes.md, "What is left
+    // at uniform topk 512").
     // `fused`: `Some(h)` when the item's dK of both rows was computed as
     // one product by half h (paired kernel, every slot the same key row in
     // both halves): its staging holds the sum, and each half reduces its
