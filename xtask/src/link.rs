@@ -81,10 +81,29 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
             .arg("-o")
             .arg(&crate_bc),
     )?;
+    // Collectives marked `convergent` before any optimisation runs (rustc
+    // runs none: `ptx::build_arch` passes `-Cno-prepopulate-passes`).
+    let crate_ll = work.join("crate.ll");
+    util::output(
+        Command::new(llvm.join("llvm-dis"))
+            .arg(&crate_bc)
+            .arg("-o")
+            .arg(&crate_ll),
+    )?;
+    let ir = std::fs::read_to_string(&crate_ll).map_err(|e| e.to_string())?;
+    let marked_ll = work.join("marked.ll");
+    std::fs::write(&marked_ll, mark_convergent(&ir)?).map_err(|e| e.to_string())?;
+    let marked_bc = work.join("marked.bc");
+    util::output(
+        Command::new(llvm.join("llvm-as"))
+            .arg(&marked_ll)
+            .arg("-o")
+            .arg(&marked_bc),
+    )?;
     let linked = work.join("linked.bc");
     let mut c = Command::new(llvm.join("llvm-link"));
     c.arg("--only-needed")
-        .arg(&crate_bc)
+        .arg(&marked_bc)
         .args(&lib_objs)
         .arg("-o")
         .arg(&linked);
@@ -236,6 +255,114 @@ pub fn align_first_param(ptx: &str, kernels: &[&str], align: u32) -> Result<Stri
     Ok(out)
 }
 
+/// Marks the crate's warp-collective inline assembly and every function it
+/// defines `convergent` in textual LLVM IR, as clang does for CUDA.
+///
+/// rustc has no way to declare an `asm!` block convergent, so LLVM treats
+/// a `tcgen05.ld.sync.aligned` like any other call and may copy it into
+/// both arms of a branch (tail duplication, jump threading, loop
+/// unswitching) or sink it into one; on a lane-dependent branch that
+/// splits the warp across two copies of an instruction every lane must
+/// execute together. A `convergent` call may not be made control-dependent
+/// on more values than in the source, which forbids exactly those
+/// transformations; a convergent function likewise (LLVM drops the
+/// attribute again from functions that call nothing convergent).
+///
+/// An inline-asm call is collective when one of its PTX instructions is
+/// (`converge::is_collective`). Its attribute group `#N` is replaced by a
+/// new group holding `#N`'s attributes plus `convergent` (a call with no
+/// group gets one holding only `convergent`); every `define` likewise.
+pub fn mark_convergent(ir: &str) -> Result<String, String> {
+    // Attribute groups: id -> body between the braces.
+    let mut groups: std::collections::BTreeMap<u64, String> = std::collections::BTreeMap::new();
+    for l in ir.lines() {
+        if let Some(rest) = l.strip_prefix("attributes #") {
+            let (id, body) = rest
+                .split_once(" = { ")
+                .ok_or_else(|| format!("unexpected attribute line: {l}"))?;
+            let id: u64 = id.parse().map_err(|_| format!("bad attribute id: {l}"))?;
+            groups.insert(id, body.trim_end_matches(" }").to_string());
+        }
+    }
+    let mut next = groups.keys().next_back().map_or(0, |m| m + 1);
+    // Old group (None: no group) -> its convergent copy.
+    let mut copies: std::collections::BTreeMap<Option<u64>, u64> = Default::default();
+    let mut convergent_group = |old: Option<u64>| -> u64 {
+        *copies.entry(old).or_insert_with(|| {
+            next += 1;
+            next - 1
+        })
+    };
+    let mut out = String::with_capacity(ir.len() + ir.len() / 16);
+    let mut defines = 0usize;
+    for l in ir.lines() {
+        let is_define = l.starts_with("define ");
+        let collective = !is_define && asm_text(l).is_some_and(asm_is_collective);
+        if !(is_define || collective) {
+            out.push_str(l);
+            out.push('\n');
+            continue;
+        }
+        // The group reference ends the attribute list: before any `, !md`
+        // on a call, before ` {` on a define.
+        let end = if is_define {
+            l.rfind(" {")
+                .ok_or_else(|| format!("define without body: {l}"))?
+        } else {
+            l.find(", !").unwrap_or(l.len())
+        };
+        let head = &l[..end];
+        let (prefix, old) = match head.rsplit_once(" #") {
+            Some((p, id)) if id.chars().all(|c| c.is_ascii_digit()) && !id.is_empty() => {
+                (p, Some(id.parse::<u64>().map_err(|e| e.to_string())?))
+            }
+            _ => (head, None),
+        };
+        let new = convergent_group(old);
+        out.push_str(&format!("{prefix} #{new}{}\n", &l[end..]));
+        defines += usize::from(is_define);
+    }
+    if defines == 0 {
+        return Err("mark_convergent: no function definitions in the IR".into());
+    }
+    for (old, new) in copies {
+        let body = match old {
+            Some(o) => {
+                let b = groups
+                    .get(&o)
+                    .ok_or_else(|| format!("attribute group #{o} not defined"))?;
+                format!("{b} convergent")
+            }
+            None => "convergent".to_string(),
+        };
+        out.push_str(&format!("attributes #{new} = {{ {body} }}\n"));
+    }
+    Ok(out)
+}
+
+/// The assembly string of an inline-asm call line (IR escapes decoded
+/// where they matter: newline and tab), if the line is one.
+fn asm_text(line: &str) -> Option<String> {
+    let l = line.trim_start();
+    if !(l.contains("call ") && l.contains(" asm ")) || l.starts_with("module asm") {
+        return None;
+    }
+    let after = &l[l.find(" asm ")? + 5..];
+    let start = after.find('"')? + 1;
+    let len = after[start..].find('"')?;
+    Some(
+        after[start..start + len]
+            .replace("\\0A", " ")
+            .replace("\\09", " "),
+    )
+}
+
+/// Whether any PTX instruction in an inline-asm string is collective.
+fn asm_is_collective(asm: String) -> bool {
+    asm.split(|c: char| c.is_whitespace() || matches!(c, ';' | '{' | '}'))
+        .any(crate::converge::is_collective)
+}
+
 fn is_bitcode(p: &Path) -> bool {
     std::fs::read(p)
         .map(|b| b.starts_with(b"BC\xc0\xde"))
@@ -283,5 +410,39 @@ mod tests {
             "{out}"
         );
         assert!(align_first_param(ptx, &["k3"], 64).is_err());
+    }
+
+    #[test]
+    fn collective_asm_and_definitions_become_convergent() {
+        let ir = "define void @k() unnamed_addr #0 {\n\
+  %1 = tail call i32 asm \"shfl.sync.bfly.b32 ${0}, ${1}, 1, 0x1f, -1;\", \"=r,r\"(i32 %x) #1, !srcloc !2\n\
+  %2 = tail call i32 asm \"ld.shared.b32 ${0}, [${1}];\", \"=r,r\"(i32 %y) #1, !srcloc !3\n\
+  tail call void asm sideeffect \"{ .reg .pred p;\\0Abarrier.red.popc.u32 $0, 0, p; }\", \"\"()\n\
+  tail call void asm sideeffect \"tcgen05.wait::ld.sync.aligned;\", \"\"() #1\n\
+  ret void\n\
+}\n\
+attributes #0 = { nounwind \"target-cpu\"=\"sm_90a\" }\n\
+attributes #1 = { nounwind memory(none) }\n";
+        let out = mark_convergent(ir).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "define void @k() unnamed_addr #2 {");
+        assert!(
+            lines[1].ends_with("(i32 %x) #3, !srcloc !2"),
+            "{}",
+            lines[1]
+        );
+        // Not a collective: untouched, still the shared group.
+        assert!(
+            lines[2].ends_with("(i32 %y) #1, !srcloc !3"),
+            "{}",
+            lines[2]
+        );
+        assert!(lines[3].ends_with("\"\"() #4"), "{}", lines[3]);
+        assert!(lines[4].ends_with("\"\"() #3"), "{}", lines[4]);
+        assert!(out.contains("attributes #2 = { nounwind \"target-cpu\"=\"sm_90a\" convergent }"));
+        assert!(out.contains("attributes #3 = { nounwind memory(none) convergent }"));
+        assert!(out.contains("attributes #4 = { convergent }"));
+        assert!(out.contains("attributes #1 = { nounwind memory(none) }"));
+        assert!(mark_convergent("declare void @f()\n").is_err());
     }
 }

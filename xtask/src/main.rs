@@ -11,6 +11,7 @@
 //!   `run.sh` in one folder to copy to the GPU machine.
 
 mod bundle;
+mod converge;
 mod link;
 mod ptx;
 mod util;

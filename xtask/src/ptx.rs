@@ -109,6 +109,11 @@ fn build_arch(
         "--cfg".into(),
         format!("kernels_arch=\"{arch}\""),
         "-Dwarnings".into(),
+        // No LLVM passes in rustc: the link step first marks the
+        // warp-collective asm `convergent` (rustc cannot), then optimises
+        // (`link::mark_convergent`). rustc's own pipeline would already
+        // duplicate collectives into lane-dependent branches.
+        "-Cno-prepopulate-passes".into(),
         // Register arrays (MMA accumulators) must be fully unrolled to stay
         // in registers; the default threshold leaves the larger nests as
         // loops and moves the arrays to local memory.
@@ -164,6 +169,16 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
                 println!("wrote {}", dest.display());
             }
         }
+        let findings = crate::converge::check(&text);
+        if !findings.is_empty() {
+            let list: Vec<String> = findings.iter().map(|f| format!("  {f}")).collect();
+            return Err(format!(
+                "{arch}: {} warp-collective instruction(s) in lane-divergent code:\n{}",
+                findings.len(),
+                list.join("\n")
+            ));
+        }
+        println!("convergence {arch}: no collective in lane-divergent code");
         let tmp = root.join("target/ptx").join(format!("check_{arch}.ptx"));
         std::fs::write(&tmp, &text).map_err(|e| e.to_string())?;
         assemble(&ptxas, &tmp, arch)?;

@@ -1,0 +1,721 @@
+//! The convergence check of `build-ptx`: no warp-collective instruction in
+//! a lane-divergent region of any kernel.
+//!
+//! A `.sync.aligned` instruction (tcgen05, wgmma, ldmatrix, mma.sync,
+//! shfl/vote/redux, barriers) must be executed by every lane of the warp at
+//! the same instruction. rustc cannot mark `asm!` as `convergent`, so LLVM
+//! is free to duplicate such a wrapper into both arms of a branch (tail
+//! duplication, jump threading, unswitching); when that branch depends on
+//! the lane, half the warp runs one copy and half the other, which the ISA
+//! leaves undefined. The link step marks the collectives `convergent`
+//! (`link::mark_convergent`); this check proves on the final PTX that no
+//! pass undid it.
+//!
+//! The check, per function:
+//! 1. Lane variance of every register, flow-insensitively: `%laneid`,
+//!    loads from lane-dependent addresses, atomics, shuffles, MMA
+//!    fragments, `mbarrier.try_wait` results, ... are lane-varying;
+//!    `%tid.x` is "thread index" whose warp part is uniform, so
+//!    `tid >> 5`, `tid / 32`, `tid & ~31` and `tid < 32k` are warp-uniform
+//!    while `tid & 31` or `tid == 0` are not; everything else inherits the
+//!    variance of its operands.
+//! 2. The control-flow graph and its post-dominators; the region of a
+//!    conditional branch on a lane-varying predicate is every block reached
+//!    from it before its immediate post-dominator (where the lanes
+//!    reconverge).
+//! 3. A collective inside such a region, or guarded by a lane-varying
+//!    predicate, is a finding.
+
+use std::collections::HashMap;
+
+/// One collective instruction in a lane-divergent region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// Kernel or function name.
+    pub function: String,
+    /// 1-based line of the collective instruction.
+    pub line: usize,
+    /// Its opcode.
+    pub opcode: String,
+    /// 1-based line of the lane-dependent branch (or of the instruction
+    /// itself when its own guard predicate is lane-varying).
+    pub branch_line: usize,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.branch_line == self.line {
+            write!(
+                f,
+                "{}: line {}: `{}` guarded by a lane-varying predicate",
+                self.function, self.line, self.opcode
+            )
+        } else {
+            write!(
+                f,
+                "{}: line {}: `{}` inside the region of the lane-dependent branch at line {}",
+                self.function, self.line, self.opcode, self.branch_line
+            )
+        }
+    }
+}
+
+/// Whether an opcode is a warp- or CTA-collective instruction: every
+/// `.sync`/`.aligned` form (mma.sync, ldmatrix, shfl.sync, vote.sync,
+/// redux.sync, bar.warp.sync, barrier.sync, wgmma.*, tcgen05.ld/alloc/...)
+/// and the `bar`/`barrier` family.
+pub fn is_collective(opcode: &str) -> bool {
+    let mut parts = opcode.split('.');
+    let head = parts.next().unwrap_or("");
+    head == "bar"
+        || head == "barrier"
+        || head == "wgmma"
+        || opcode.split('.').any(|p| p == "sync" || p == "aligned")
+}
+
+/// Lane variance of a value inside a warp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Var {
+    /// The same in every lane of the warp.
+    Uniform,
+    /// `%tid.x + c` with `c` a multiple of 32: its lane part is the lane,
+    /// its warp part uniform.
+    Tid,
+    /// May differ between lanes.
+    Varying,
+}
+
+fn join(a: Option<Var>, b: Var) -> Var {
+    match a {
+        None => b,
+        Some(a) if a == b => a,
+        Some(_) => Var::Varying,
+    }
+}
+
+/// One instruction.
+#[derive(Debug)]
+struct Inst {
+    line: usize,
+    guard: Option<String>,
+    opcode: String,
+    operands: Vec<String>,
+}
+
+/// A basic block: instructions, then its successors (block indices;
+/// `None` for the function's exit).
+#[derive(Debug, Default)]
+struct Block {
+    insts: Vec<Inst>,
+    succs: Vec<Option<usize>>,
+}
+
+/// Checks every function of `ptx`; returns every finding.
+pub fn check(ptx: &str) -> Vec<Finding> {
+    functions(ptx)
+        .into_iter()
+        .flat_map(|(name, body)| check_function(&name, &body))
+        .collect()
+}
+
+/// Function bodies: (name, [(line, statement)]).
+fn functions(ptx: &str) -> Vec<(String, Vec<(usize, String)>)> {
+    let mut out = Vec::new();
+    let mut header: Option<String> = None;
+    let mut body: Option<(String, Vec<(usize, String)>)> = None;
+    let mut depth = 0i32;
+    for (i, raw) in ptx.lines().enumerate() {
+        let line = raw.split("//").next().unwrap_or("");
+        if body.is_none() && depth == 0 {
+            for kw in [".entry ", ".func "] {
+                if let Some(rest) = line.split(kw).nth(1) {
+                    // `.func (.param ...) name(` has its return first.
+                    let rest = if rest.trim_start().starts_with('(') {
+                        rest.split_once(')').map(|(_, r)| r).unwrap_or("")
+                    } else {
+                        rest
+                    };
+                    let name = rest
+                        .trim_start()
+                        .split(['(', ' ', ';'])
+                        .next()
+                        .unwrap_or("");
+                    header = Some(name.to_string());
+                }
+            }
+            if line.trim_end().ends_with(';') && header.is_some() && !line.contains('{') {
+                // A declaration (prototype), not a definition, unless
+                // its parameter list continues on later lines.
+                if !line.contains('(') || line.contains(')') {
+                    header = None;
+                }
+            }
+        }
+        let opens = line.matches('{').count() as i32;
+        let closes = line.matches('}').count() as i32;
+        if depth == 0 && opens > 0 {
+            if let Some(name) = header.take() {
+                body = Some((name, Vec::new()));
+            }
+        } else if let Some((_, stmts)) = body.as_mut() {
+            for s in line.split(';') {
+                let s = s.trim_start_matches(|c: char| c.is_whitespace() || c == '{' || c == '}');
+                let s = s.trim();
+                if !s.is_empty() && !s.starts_with('.') {
+                    stmts.push((i + 1, s.to_string()));
+                }
+            }
+        }
+        depth += opens - closes;
+        if depth == 0 {
+            if let Some(b) = body.take() {
+                out.push(b);
+            }
+        }
+    }
+    out
+}
+
+/// Splits operands at top-level commas (not inside `{}` or `[]`).
+fn split_operands(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let (mut depth, mut cur) = (0, String::new());
+    for c in s.chars() {
+        match c {
+            '{' | '[' | '(' => depth += 1,
+            '}' | ']' | ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(cur.trim().to_string());
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
+}
+
+/// Register-like tokens of an operand (`%r1`, `p`, `%tid.x`), skipping
+/// immediates.
+fn regs(operand: &str) -> Vec<&str> {
+    operand
+        .split(|c: char| {
+            !(c.is_ascii_alphanumeric() || c == '%' || c == '_' || c == '.' || c == '$')
+        })
+        .filter(|t| !t.is_empty())
+        .filter(|t| !t.starts_with(|c: char| c.is_ascii_digit() || c == '.'))
+        .collect()
+}
+
+fn immediate(operand: &str) -> Option<i64> {
+    let t = operand.trim();
+    if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        return i64::from_str_radix(h, 16).ok();
+    }
+    t.parse().ok()
+}
+
+fn parse_inst(line: usize, s: &str) -> Inst {
+    let (guard, rest) = match s.strip_prefix('@') {
+        Some(r) => {
+            let (g, rest) = r.split_once(char::is_whitespace).unwrap_or((r, ""));
+            (Some(g.trim_start_matches('!').to_string()), rest.trim())
+        }
+        None => (None, s),
+    };
+    let (opcode, ops) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    Inst {
+        line,
+        guard,
+        opcode: opcode.to_string(),
+        operands: split_operands(ops),
+    }
+}
+
+fn label_of(s: &str) -> Option<&str> {
+    let (l, rest) = s.split_once(':')?;
+    (rest.trim().is_empty()
+        && !l.is_empty()
+        && l.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$'))
+    .then_some(l)
+}
+
+fn blocks(stmts: &[(usize, String)]) -> Vec<Block> {
+    let mut blocks: Vec<Block> = vec![Block::default()];
+    let mut labels: HashMap<String, usize> = HashMap::new();
+    let mut jumps: Vec<(usize, String)> = Vec::new();
+    // State of the last block: ended by a branch/exit, falls through to
+    // the next block, carries a label.
+    let (mut ended, mut falls, mut labeled) = (false, true, false);
+    let new_block = |blocks: &mut Vec<Block>, falls: bool| {
+        let cur = blocks.len() - 1;
+        if falls {
+            blocks[cur].succs.push(Some(cur + 1));
+        }
+        blocks.push(Block::default());
+    };
+    for (line, s) in stmts {
+        if let Some(l) = label_of(s) {
+            if ended || labeled || !blocks[blocks.len() - 1].insts.is_empty() {
+                new_block(&mut blocks, falls);
+            }
+            labels.insert(l.to_string(), blocks.len() - 1);
+            (ended, falls, labeled) = (false, true, true);
+            continue;
+        }
+        if ended {
+            new_block(&mut blocks, falls);
+            (ended, falls, labeled) = (false, true, false);
+        }
+        let inst = parse_inst(*line, s);
+        let cur = blocks.len() - 1;
+        match inst.opcode.split('.').next().unwrap_or("") {
+            "bra" => {
+                jumps.push((cur, inst.operands.first().cloned().unwrap_or_default()));
+                (ended, falls) = (true, inst.guard.is_some());
+            }
+            "ret" | "exit" | "trap" => {
+                blocks[cur].succs.push(None);
+                (ended, falls) = (true, inst.guard.is_some());
+            }
+            _ => {}
+        }
+        blocks[cur].insts.push(inst);
+    }
+    if falls {
+        // Falling off the end of the body.
+        let last = blocks.len() - 1;
+        blocks[last].succs.push(None);
+    }
+    for (b, t) in jumps {
+        // A jump to an unknown label is treated as leaving the function.
+        blocks[b].succs.push(labels.get(&t).copied());
+    }
+    blocks
+}
+
+/// Variance of the registers an instruction defines, given the current
+/// classes; `None` while an operand's definitions are still unseen.
+fn def_class(
+    inst: &Inst,
+    class: &HashMap<String, Var>,
+    defined: &HashMap<String, ()>,
+) -> Option<Var> {
+    let op = inst.opcode.as_str();
+    let head = op.split('.').next().unwrap_or("");
+    let uses: Vec<&str> = inst.operands.iter().skip(1).flat_map(|o| regs(o)).collect();
+    let class_of = |r: &str| -> Option<Var> {
+        match r {
+            "%tid.x" | "%tid.y" | "%tid.z" => Some(Var::Tid),
+            _ if r.starts_with("%laneid")
+                || r.starts_with("%lanemask")
+                || r.starts_with("%clock")
+                || r.starts_with("%globaltimer") =>
+            {
+                Some(Var::Varying)
+            }
+            _ if r.starts_with("%") && r.contains('.') => Some(Var::Uniform),
+            _ => match class.get(r) {
+                Some(&c) => Some(c),
+                None if defined.contains_key(r) => None,
+                None => Some(Var::Uniform),
+            },
+        }
+    };
+    // Sources of lane variance whatever their operands.
+    if matches!(
+        head,
+        "atom" | "shfl" | "mma" | "wgmma" | "ldmatrix" | "elect" | "activemask" | "match" | "call"
+    ) || op.starts_with("tcgen05.ld")
+        || op.starts_with("mbarrier.try_wait")
+        || op.starts_with("mbarrier.test_wait")
+    {
+        return Some(Var::Varying);
+    }
+    // Warp- or CTA-wide results.
+    if matches!(head, "vote" | "redux")
+        || (matches!(head, "bar" | "barrier") && op.contains(".red"))
+    {
+        return Some(Var::Uniform);
+    }
+    if op.starts_with("ld.param") {
+        return Some(Var::Uniform);
+    }
+    let mut classes = Vec::new();
+    for u in &uses {
+        classes.push(class_of(u)?);
+    }
+    if head == "ld" {
+        // The loaded value is uniform when the address is.
+        return Some(if classes.iter().all(|&c| c == Var::Uniform) {
+            Var::Uniform
+        } else {
+            Var::Varying
+        });
+    }
+    if classes.contains(&Var::Varying) {
+        return Some(Var::Varying);
+    }
+    let tids = classes.iter().filter(|&&c| c == Var::Tid).count();
+    if tids == 0 {
+        return Some(Var::Uniform);
+    }
+    if tids > 1 {
+        return Some(Var::Varying);
+    }
+    Some(tid_transfer(inst, head))
+}
+
+/// The variance of `op(tid + 32k, immediates)`.
+fn tid_transfer(inst: &Inst, head: &str) -> Var {
+    let srcs = &inst.operands[1.min(inst.operands.len())..];
+    let imm = srcs.iter().find_map(|o| immediate(o));
+    let tid_first = srcs.first().is_some_and(|o| immediate(o).is_none());
+    let aligned = |k: i64| k.rem_euclid(32) == 0;
+    match (head, imm) {
+        ("mov" | "cvt", _) => Var::Tid,
+        ("shr", Some(k)) if k >= 5 => Var::Uniform,
+        ("div", Some(k)) if k != 0 && aligned(k) => Var::Uniform,
+        ("and", Some(m)) if m & 31 == 0 => Var::Uniform,
+        ("bfe", _)
+            if srcs
+                .get(1)
+                .and_then(|o| immediate(o))
+                .is_some_and(|p| p >= 5) =>
+        {
+            Var::Uniform
+        }
+        ("add" | "sub", Some(k)) if aligned(k) && srcs.len() == 2 => Var::Tid,
+        ("setp", Some(k)) => {
+            let cmp = inst.opcode.split('.').nth(1).unwrap_or("");
+            // `k < tid` is `tid > k`: mirror the comparison.
+            let cmp = if tid_first {
+                cmp
+            } else {
+                match cmp {
+                    "lt" => "gt",
+                    "gt" => "lt",
+                    "le" => "ge",
+                    "ge" => "le",
+                    "lo" => "hi",
+                    "hi" => "lo",
+                    "ls" => "hs",
+                    "hs" => "ls",
+                    c => c,
+                }
+            };
+            match cmp {
+                "lt" | "ge" | "lo" | "hs" if aligned(k) => Var::Uniform,
+                "le" | "gt" | "ls" | "hi" if aligned(k + 1) => Var::Uniform,
+                _ => Var::Varying,
+            }
+        }
+        _ => Var::Varying,
+    }
+}
+
+/// Registers an instruction defines (its first operand, unless it is a
+/// memory operand or the instruction defines nothing).
+fn defs(inst: &Inst) -> Vec<&str> {
+    let op = inst.opcode.as_str();
+    let head = op.split('.').next().unwrap_or("");
+    let no_def = matches!(
+        head,
+        "st" | "red"
+            | "cp"
+            | "bra"
+            | "ret"
+            | "exit"
+            | "trap"
+            | "fence"
+            | "membar"
+            | "prefetch"
+            | "prefetchu"
+            | "griddepcontrol"
+            | "call"
+            | "nanosleep"
+    ) || (matches!(head, "bar" | "barrier") && !op.contains(".red"))
+        || (head == "tcgen05" && !op.starts_with("tcgen05.ld"));
+    match inst.operands.first() {
+        Some(first) if !no_def && !first.starts_with('[') => regs(first),
+        _ => Vec::new(),
+    }
+}
+
+fn variance(blocks: &[Block]) -> HashMap<String, Var> {
+    let insts: Vec<&Inst> = blocks.iter().flat_map(|b| &b.insts).collect();
+    let mut defined: HashMap<String, ()> = HashMap::new();
+    for i in &insts {
+        for d in defs(i) {
+            defined.insert(d.to_string(), ());
+        }
+    }
+    let mut class: HashMap<String, Var> = HashMap::new();
+    loop {
+        let mut changed = false;
+        for i in &insts {
+            let ds = defs(i);
+            if ds.is_empty() {
+                continue;
+            }
+            let Some(c) = def_class(i, &class, &defined) else {
+                continue;
+            };
+            for d in ds {
+                let new = join(class.get(d).copied(), c);
+                if class.get(d) != Some(&new) {
+                    class.insert(d.to_string(), new);
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return class;
+        }
+    }
+}
+
+/// Post-dominator sets (bit vectors over blocks; the exit is implicit).
+fn post_dominators(blocks: &[Block]) -> Vec<Vec<bool>> {
+    let n = blocks.len();
+    let mut pd = vec![vec![true; n]; n];
+    loop {
+        let mut changed = false;
+        for b in (0..n).rev() {
+            let mut new = vec![true; n];
+            let mut any = false;
+            for s in &blocks[b].succs {
+                match s {
+                    None => {
+                        new = vec![false; n];
+                        any = true;
+                    }
+                    Some(s) => {
+                        any = true;
+                        for (x, v) in new.iter_mut().enumerate() {
+                            *v &= pd[*s][x];
+                        }
+                    }
+                }
+            }
+            if !any {
+                new = vec![false; n];
+            }
+            new[b] = true;
+            if new != pd[b] {
+                pd[b] = new;
+                changed = true;
+            }
+        }
+        if !changed {
+            return pd;
+        }
+    }
+}
+
+fn check_function(name: &str, stmts: &[(usize, String)]) -> Vec<Finding> {
+    let blocks = blocks(stmts);
+    let class = variance(&blocks);
+    let varying = |g: &Option<String>| {
+        g.as_deref()
+            .is_some_and(|g| class.get(g).copied().unwrap_or(Var::Uniform) != Var::Uniform)
+    };
+    let mut found: Vec<Finding> = Vec::new();
+    for b in &blocks {
+        for i in &b.insts {
+            if is_collective(&i.opcode) && varying(&i.guard) {
+                found.push(Finding {
+                    function: name.to_string(),
+                    line: i.line,
+                    opcode: i.opcode.clone(),
+                    branch_line: i.line,
+                });
+            }
+        }
+    }
+    let pd = post_dominators(&blocks);
+    for (bi, b) in blocks.iter().enumerate() {
+        let Some(br) = b.insts.last() else { continue };
+        if !br.opcode.starts_with("bra") || !varying(&br.guard) || b.succs.len() < 2 {
+            continue;
+        }
+        // Immediate post-dominator: the strict post-dominator whose own set
+        // is this block's set minus itself (None: the exit).
+        let strict: Vec<usize> = (0..blocks.len())
+            .filter(|&x| x != bi && pd[bi][x])
+            .collect();
+        let ipdom = strict
+            .iter()
+            .copied()
+            .find(|&p| (0..blocks.len()).all(|x| pd[p][x] == (pd[bi][x] && x != bi)));
+        let mut seen = vec![false; blocks.len()];
+        let mut stack: Vec<usize> = b.succs.iter().flatten().copied().collect();
+        while let Some(x) = stack.pop() {
+            if Some(x) == ipdom || seen[x] {
+                continue;
+            }
+            seen[x] = true;
+            for i in &blocks[x].insts {
+                if is_collective(&i.opcode) {
+                    let f = Finding {
+                        function: name.to_string(),
+                        line: i.line,
+                        opcode: i.opcode.clone(),
+                        branch_line: br.line,
+                    };
+                    if !found.iter().any(|g| g.line == f.line) {
+                        found.push(f);
+                    }
+                }
+            }
+            stack.extend(blocks[x].succs.iter().flatten().copied());
+        }
+    }
+    found.sort_by_key(|f| f.line);
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(body: &str) -> String {
+        format!(".version 8.6\n.target sm_100a\n.address_size 64\n\n.visible .entry k(\n\t.param .u64 k_param_0\n)\n{{\n\t.reg .pred %p<9>;\n\t.reg .b32 %r<99>;\n{body}\n}}\n")
+    }
+
+    const LD: &str = "tcgen05.ld.sync.aligned.32x32b.x16.b32 {%r60, %r61, %r62, %r63, %r64, %r65, %r66, %r67, %r68, %r69, %r70, %r71, %r72, %r73, %r74, %r75}, [%r9];";
+
+    /// The defect this check exists for: the same collective copied into
+    /// both arms of a branch on the lane (as LLVM did to the sm100 dQ
+    /// epilogue).
+    #[test]
+    fn a_collective_in_both_arms_of_a_lane_branch_fails() {
+        let ptx = kernel(&format!(
+            "\tmov.u32 %r1, %tid.x;\n\tand.b32 %r2, %r1, 31;\n\tsetp.lt.u32 %p1, %r2, 16;\n\t@%p1 bra $L__BB0_2;\n\t{LD}\n\ttcgen05.wait::ld.sync.aligned;\n\tbra.uni $L__BB0_3;\n$L__BB0_2:\n\t{LD}\n\ttcgen05.wait::ld.sync.aligned;\n\tst.global.b32 [%rd1], %r60;\n$L__BB0_3:\n\tret;\n"
+        ));
+        let f = check(&ptx);
+        let branch = 1 + ptx.lines().position(|l| l.contains("@%p1 bra")).unwrap();
+        assert_eq!(f.len(), 4, "{f:?}");
+        assert!(f.iter().all(|f| f.branch_line == branch), "{f:?}");
+        assert!(f[0].to_string().contains("tcgen05.ld.sync.aligned"));
+    }
+
+    #[test]
+    fn the_same_code_on_a_warp_uniform_branch_passes() {
+        for cond in [
+            "shr.u32 %r2, %r1, 5;\n\tsetp.eq.s32 %p1, %r2, 9;",
+            "setp.lt.u32 %p1, %r1, 128;",
+            "and.b32 %r2, %r1, -32;\n\tsetp.eq.s32 %p1, %r2, 288;",
+            "add.s32 %r2, %r1, -288;\n\tsetp.lt.u32 %p1, %r2, 32;",
+            "div.u32 %r2, %r1, 64;\n\tsetp.ne.s32 %p1, %r2, 0;",
+            "setp.gt.u32 %p1, %r1, 255;",
+        ] {
+            let ptx = kernel(&format!(
+                "\tmov.u32 %r1, %tid.x;\n\t{cond}\n\t@%p1 bra $L__BB0_2;\n\t{LD}\n\tbra.uni $L__BB0_3;\n$L__BB0_2:\n\t{LD}\n$L__BB0_3:\n\tret;\n"
+            ));
+            assert_eq!(check(&ptx), [], "{cond}");
+        }
+    }
+
+    #[test]
+    fn lane_dependent_conditions_are_seen_through_arithmetic_and_loads() {
+        for cond in [
+            "setp.eq.s32 %p1, %r1, 0;",
+            "setp.lt.u32 %p1, %r1, 100;",
+            "and.b32 %r2, %r1, 31;\n\tsetp.ne.s32 %p1, %r2, 0;",
+            "shl.b32 %r2, %r1, 2;\n\tld.shared.b32 %r3, [%r2];\n\tsetp.ne.s32 %p1, %r3, 0;",
+            "mov.u32 %r2, %laneid;\n\tsetp.ne.s32 %p1, %r2, 0;",
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%r5], %r6; selp.u32 %r2, 1, 0, p; }\n\tsetp.ne.s32 %p1, %r2, 0;",
+        ] {
+            let ptx = kernel(&format!(
+                "\tmov.u32 %r1, %tid.x;\n\t{cond}\n\t@%p1 bra $L__BB0_2;\n\tbar.warp.sync -1;\n$L__BB0_2:\n\tret;\n"
+            ));
+            let f = check(&ptx);
+            assert_eq!(f.len(), 1, "{cond}: {f:?}");
+            assert_eq!(f[0].opcode, "bar.warp.sync");
+        }
+    }
+
+    #[test]
+    fn collectives_after_the_lanes_reconverge_pass() {
+        // if (lane == 0) { store } ; collective after the join.
+        let ptx = kernel(&format!(
+            "\tmov.u32 %r1, %tid.x;\n\tand.b32 %r2, %r1, 31;\n\tsetp.ne.s32 %p1, %r2, 0;\n\t@%p1 bra $L__BB0_2;\n\tst.shared.b32 [%r3], %r2;\n$L__BB0_2:\n\t{LD}\n\t{{ .reg .pred p; setp.ne.u32 p, %r2, 0; barrier.red.popc.u32 %r4, 0, p; }}\n\tret;\n"
+        ));
+        assert_eq!(check(&ptx), []);
+    }
+
+    #[test]
+    fn a_collective_in_a_loop_with_a_lane_dependent_exit_fails() {
+        let ptx = kernel(
+            "\tmov.u32 %r1, %tid.x;\n\tand.b32 %r2, %r1, 31;\n$L__BB0_1:\n\tshfl.sync.bfly.b32 %r3, %r2, 1, 0x1f, -1;\n\tadd.s32 %r2, %r2, 1;\n\tsetp.lt.u32 %p1, %r2, 40;\n\t@%p1 bra $L__BB0_1;\n\tret;\n",
+        );
+        let f = check(&ptx);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].opcode, "shfl.sync.bfly.b32");
+        // The same loop with a uniform trip count passes.
+        let ptx = kernel(
+            "\tmov.u32 %r1, %tid.x;\n\tmov.u32 %r2, 0;\n$L__BB0_1:\n\tshfl.sync.bfly.b32 %r3, %r1, 1, 0x1f, -1;\n\tadd.s32 %r2, %r2, 1;\n\tsetp.lt.u32 %p1, %r2, 40;\n\t@%p1 bra $L__BB0_1;\n\tret;\n",
+        );
+        assert_eq!(check(&ptx), []);
+    }
+
+    #[test]
+    fn a_collective_under_a_lane_varying_guard_fails() {
+        let ptx = kernel(
+            "\tmov.u32 %r1, %tid.x;\n\tsetp.eq.s32 %p1, %r1, 0;\n\t@%p1 wgmma.fence.sync.aligned;\n\tret;\n",
+        );
+        let f = check(&ptx);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].branch_line, f[0].line);
+    }
+
+    #[test]
+    fn collectives_are_recognised() {
+        for op in [
+            "tcgen05.ld.sync.aligned.32x32b.x16.b32",
+            "tcgen05.wait::ld.sync.aligned",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
+            "wgmma.fence.sync.aligned",
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+            "shfl.sync.bfly.b32",
+            "redux.sync.max.u32",
+            "bar.warp.sync",
+            "barrier.sync",
+            "barrier.red.popc.u32",
+            "tcgen05.dealloc.cta_group::1.sync.aligned.b32",
+        ] {
+            assert!(is_collective(op), "{op}");
+        }
+        for op in [
+            "tcgen05.mma.cta_group::1.kind::f16",
+            "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64",
+            "mbarrier.try_wait.parity.shared::cta.b64",
+            "cp.async.bulk.wait_group.read",
+            "st.shared.b32",
+            "red.global.add.v4.f32",
+        ] {
+            assert!(!is_collective(op), "{op}");
+        }
+    }
+
+    /// The committed PTX files pass (`build-ptx` checks freshly built text;
+    /// this catches a committed file that differs from it).
+    #[test]
+    fn the_committed_ptx_passes() {
+        for (arch, _) in crate::ptx::ARCHS {
+            let path = crate::ptx::ptx_path(&crate::util::repo_root(), arch);
+            let text = std::fs::read_to_string(&path).unwrap();
+            let f = check(&text);
+            assert!(f.is_empty(), "{arch}: {}", f.len());
+            // The check saw the kernels and their collectives.
+            assert!(functions(&text).len() > 10, "{arch}");
+        }
+    }
+}
