@@ -138,9 +138,17 @@ pub struct PairLayout {
     pub threads: u32,
     /// Bytes between the two halves' copies of [`SMEM`] (1024-aligned).
     pub half_stride: u32,
+    /// Offset, in each half's copy, of that half's item votes: two sets (by
+    /// item parity) of one u32 per warp of the half, nonzero when one of
+    /// the warp's slots holds different key rows in the two halves. In the
+    /// padding after [`SMEM`]'s regions.
+    pub votes: u32,
     /// Dynamic shared memory to request.
     pub bytes: u32,
 }
+
+/// Bytes of one set of a half's item votes (one u32 per warp).
+pub const VOTE_SET_BYTES: u32 = (THREADS / 32) * 4;
 
 /// The paired kernel's launch shape: two copies of the row kernel's
 /// layout, the second on the next 1024-byte boundary.
@@ -149,9 +157,14 @@ pub const PAIR: PairLayout = {
     PairLayout {
         threads: 2 * THREADS,
         half_stride,
+        votes: SMEM.used,
         bytes: 2 * half_stride + ALIGN_SLACK,
     }
 };
+// The votes fit in the padding (the paired layout is no larger for them)
+// and are read as 16-byte vectors.
+const _: () = assert!(PAIR.votes + 2 * VOTE_SET_BYTES <= PAIR.half_stride);
+const _: () = assert!(PAIR.votes.is_multiple_of(16) && VOTE_SET_BYTES == 32);
 
 /// Persistent grid of the paired kernel: one CTA per SM, never more than
 /// row pairs (`rows` must be even, [`supports_pairs`]).

@@ -46,7 +46,7 @@
 use super::{
     desc, pair_sample, pairs_match, row_at, row_chunks, rows_of, sample_hit, sampled_slots,
     swizzle, Pos, Walk, ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, PAIR,
-    PAIR_SAMPLES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS,
+    PAIR_SAMPLES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS, VOTE_SET_BYTES,
 };
 use crate::params::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
@@ -101,8 +101,11 @@ const _: () = assert!((CHUNK * VECS).is_multiple_of(THREADS));
 /// which span the CTA (barrier 0); STAGED orders each item's reductions
 /// after both halves' staging, and B2 each staging after both halves'
 /// reductions of the previous items.
+///
+/// `go`: whether this kernel computes (the verdict of [`dispatch`]); a
+/// CTA of the kernel the test did not pick has no rows.
 #[inline(always)]
-unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
+unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) {
     const H: usize = HEADS as usize;
     const D: usize = DIM as usize;
     let l = SMEM;
@@ -139,6 +142,8 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     let (sgs0, srows0, sred_rows) = (base.add(l.gs), base.add(l.rows), base.add(l.red_rows));
     let sids0 = base.add(l.ids);
     let (sw0, sred) = (base.add(l.w), base.add(l.red));
+    // Paired: this half's item votes (`vote`), in the layout's padding.
+    let votes = base.add(PAIR.votes);
 
     let tid = if PAIRED { tid_cta % THREADS } else { tid_cta }; // thread inside the half
     let warp = tid / 32;
@@ -166,22 +171,6 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     // skipped), else all of them. Index arithmetic in u32: the host checks
     // B*S_q*topk < 2^32 (`super::supports`).
     let nchunks = topk.div_ceil(CHUNK);
-    // The dispatch test (paired kernel, or the row kernel launched after
-    // it): a CTA of the kernel it did not pick has no rows. With the test
-    // in the paired kernel, ptxas moves part of the item loop's uniform
-    // arithmetic to per-thread registers, whether the verdict is used as
-    // here (through a warp reduction, into a uniform register), as an
-    // early exit in the entry, or inside this function; together with the
-    // row kernel's launch that follows, the paired path measured 1-2%
-    // slower on ragged ids than the paired kernel launched alone.
-    // SAFETY: every thread of the CTA runs this (uniform control flow).
-    let go = unsafe {
-        if PAIRED || p.flags & FLAG_PAIR_DISPATCH != 0 {
-            sync::warp_max_u32(pairs_up(p) as u32) == PAIRED as u32
-        } else {
-            true
-        }
-    };
     let my_rows = if go { rows_of(units, ctas, cta) } else { 0 };
     let row_of = |k: u32| {
         if PAIRED {
@@ -406,11 +395,14 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     put_row(p0, load_id(p0), 0);
     put_row(p1, load_id(p1), 1);
     // Uniform barrier: key rows of items 0 and 1 (paired: of both halves,
-    // which item 0's B2 compares).
+    // which the vote on item 0 compares).
     if PAIRED {
         // SAFETY: every thread of the CTA reaches it (both halves run the
         // same prologue); barrier 0 is used by nothing else in flight.
-        unsafe { sync::bar_sync() };
+        unsafe {
+            sync::bar_sync();
+            vote(0, srows0, pbase.add(l.rows), votes, tid);
+        }
     } else {
         bar_half();
     }
@@ -555,25 +547,23 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         let kb = sk.add(set * K_BYTES);
         let (sq, sw) = (q_buf(k), w_buf(k));
         let (sgs, srows) = (sgs0.add(4 * set * CHUNK), srows0.add(4 * set * CHUNK));
-        // Paired: whether this slot's key rows differ between the halves,
-        // for B2 below (both halves' key rows of this item were written
-        // before the previous B2, or the prologue's barrier for items 0 and
-        // 1, and are rewritten only after this item's B2). Loaded here so
-        // the loads' latency passes during the S wait and the gate, not in
-        // front of B2.
-        // (This slot's own key row is kept for the copy after the staging.)
-        let (own_row, differs) = if PAIRED && tid < CHUNK {
-            let prows = pbase.add(l.rows).add(4 * set * CHUNK);
-            // SAFETY: complete, as said; read only.
-            let (a, b) = unsafe {
-                (
-                    smem::ld_u32(srows.add(4 * tid)),
-                    smem::ld_u32(prows.add(4 * tid)),
-                )
-            };
-            (a, a != b)
+        // Paired: this slot's own key row, kept for the copy after the
+        // staging, and the outcome of the votes on this item (cast before
+        // barrier M of the previous item, or before the prologue's last
+        // barriers for item 0), for B2; loaded here so their latency
+        // passes during the S wait.
+        let own_row = if PAIRED && tid < CHUNK {
+            // SAFETY: written before a barrier of this half; read only.
+            unsafe { smem::ld_u32(srows.add(4 * tid)) }
         } else {
-            (0, false)
+            0
+        };
+        let voted = if PAIRED {
+            // SAFETY: after the barrier that follows the votes on this
+            // item; the set is rewritten only after the next barrier M.
+            unsafe { read_votes(it, votes) }
+        } else {
+            None
         };
         // The gate's inputs: the weights of this thread's two heads and the
         // grad_signal of its eight slots (written before a barrier). The row
@@ -630,16 +620,17 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
             reduce_rows(RED_FIRST, ROWS_PER_WARP, fused_prev);
         }
         // Uniform barrier (B2): dS complete and fenced. Paired: a barrier of
-        // the whole CTA, which also counts the slots whose key rows differ
-        // between the halves (`differs`, loaded before the S wait). With
-        // none, half `it % 2` computes the item's dK for both rows as one
-        // product and the other half neither computes nor stages dK. Every
-        // read of either half's staging of earlier items precedes it, so it
-        // also frees both stagings.
+        // the whole CTA. When every slot holds the same key row in both
+        // halves (`voted`, an item ahead), half `it % 2` computes
+        // the item's dK for both rows as one product and the other half
+        // neither computes nor stages dK. Every read of either half's
+        // staging of earlier items precedes it, so it also frees both
+        // stagings.
         let fused = if PAIRED {
             // SAFETY: every thread of the CTA reaches it (the halves walk
             // the same items); barrier 0 has no other use in the loop.
-            (unsafe { sync::bar_red_popc(differs) } == 0).then_some(it % 2)
+            unsafe { sync::bar_sync() };
+            voted
         } else {
             bar_half();
             None
@@ -751,6 +742,15 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
 
         // ---- next items: slot data of c+2 into the set c just released
         // (same threads that copied its key rows above), K(c+1) complete ----
+        if PAIRED {
+            // Both halves' key rows of c+1 were written before this item's
+            // B2 (each half's before its barrier M of c-1) and are
+            // rewritten only after the next B2. Here, in front of the
+            // copies' wait, the loads cost little.
+            // SAFETY: as said; whole warps, uniform control flow; the
+            // vote set of c+1 was last read before barrier M of c-1.
+            unsafe { vote(it + 1, srows0, pbase.add(l.rows), votes, tid) };
+        }
         cp_async::wait_all();
         if ahead2.k < my_rows {
             put_row(ahead2, raw_id(ahead2, set), set);
@@ -758,7 +758,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
         bulk::fence_proxy_async_shared();
         // Uniform barrier (M): staging, key rows and d_weights partials of
         // c, K(c+1) (and the next row's q) and the slot data of c+2
-        // visible; every wgmma of c complete.
+        // visible; every wgmma of c complete; paired: the votes on c+1.
         bar_half();
         if ahead2.k < my_rows {
             gather(set);
@@ -834,10 +834,63 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams) {
     cp_async::wait_all();
 }
 
+/// The paired kernel's vote on item `it`: whether every slot holds the
+/// same key row in both halves (the item can be fused), as `Some(it % 2)`
+/// (the half that computes it fused) or `None`.
+///
+/// Both halves compare the same pairs of key rows (their own set against
+/// the other half's), so each decides from its own warps alone: thread
+/// `t < CHUNK` compares slot `t`, each warp publishes whether any of its
+/// slots differ in its half's vote set `it % 2`, and after the half's
+/// next barrier [`read_votes`] combines them. This keeps the vote off B2,
+/// which is then a plain `barrier.sync` that the halves may reach at their
+/// own instructions (a reduction barrier there is rejected by
+/// compute-sanitizer's synccheck, and its result would sit on B2's
+/// critical path).
+///
+/// # Safety
+/// Whole warps of one half, uniform control flow; both halves' key rows
+/// of item `it` (set `it % 2`) complete and visible; `votes` this half's
+/// vote sets, whose set `it % 2` no thread of the half reads until its
+/// next barrier.
+#[inline(always)]
+unsafe fn vote(it: u32, rows: SmemAddr, prows: SmemAddr, votes: SmemAddr, tid: u32) {
+    let at = 4 * ((it % 2) * CHUNK + tid);
+    // SAFETY: caller's contract; thread t < CHUNK reads slot t of both sets.
+    unsafe {
+        let differs = tid < CHUNK && smem::ld_u32(rows.add(at)) != smem::ld_u32(prows.add(at));
+        let any = sync::warp_max_u32(differs as u32);
+        if tid % 32 == 0 {
+            smem::st_u32(votes.add((it % 2) * VOTE_SET_BYTES + 4 * (tid / 32)), any);
+        }
+    }
+}
+
+/// The outcome of the votes on item `it` (see [`vote`]).
+///
+/// # Safety
+/// After the half's barrier that follows every warp's [`vote`] on `it`,
+/// and before the next vote on `it + 2`.
+#[inline(always)]
+unsafe fn read_votes(it: u32, votes: SmemAddr) -> Option<u32> {
+    let set = votes.add((it % 2) * VOTE_SET_BYTES);
+    // SAFETY: caller's contract. Raw words: a float comparison could
+    // flush the small integers.
+    let (x, y) = unsafe { (smem::ld_v4_f32(set), smem::ld_v4_f32(set.add(16))) };
+    let or = x.iter().chain(&y).fold(0, |a, v| a | v.to_bits());
+    (or == 0).then_some(it % 2)
+}
+
 /// The dispatch test (`super::pairs_match` on sampled ids): whether the
 /// paired kernel computes this execute. With [`FLAG_PAIR_DISPATCH`] the
 /// host launched the paired kernel, then the row kernel; both run this
 /// first and only the one it picks goes on.
+///
+/// It runs in the kernel entry, before the paired kernel's halves split
+/// into their own copies of the body, so every thread of the CTA reaches
+/// the one `barrier.red` at the same instruction; and every thread loads
+/// (row 0's first id where it samples nothing), so no lane-dependent
+/// branch precedes the barrier.
 ///
 /// # Safety
 /// Every thread of the CTA calls it (it is a CTA barrier); `p` validated
@@ -849,16 +902,39 @@ unsafe fn pairs_up(p: &GradParams) -> bool {
     // Warp i < PAIR_SAMPLES compares the first slots of sampled pair i.
     let (i, t) = (tid / 32, tid % 32);
     let pairs = p.batch * p.seq_q / 2;
-    let hit = i < PAIR_SAMPLES && t < sampled_slots(topk) && pairs > 0 && {
-        let a = (2 * pair_sample(pairs, i) * topk + t) as usize;
-        let ids = p.topk_indices as *const i32;
-        // SAFETY: rows 2q and 2q + 1 < B*S_q (q < pairs), t < topk: inside
-        // topk_indices (host-checked length); inputs only.
-        let (x, y) = unsafe { (*ids.add(a), *ids.add(a + topk as usize)) };
-        sample_hit(x, y)
+    let sampled = i < PAIR_SAMPLES && t < sampled_slots(topk) && pairs > 0;
+    let a = if sampled {
+        (2 * pair_sample(pairs, i) * topk + t) as usize
+    } else {
+        0
     };
+    let b = if sampled { a + topk as usize } else { 0 };
+    let ids = p.topk_indices as *const i32;
+    // SAFETY: sampled: rows 2q and 2q + 1 < B*S_q (q < pairs), t < topk;
+    // otherwise index 0: inside topk_indices (host-checked length, at
+    // least one slot); inputs only.
+    let (x, y) = unsafe { (*ids.add(a), *ids.add(b)) };
+    let hit = sampled & sample_hit(x, y);
     // SAFETY: every thread of the CTA reaches it (caller's contract).
     pairs_match(unsafe { sync::bar_red_popc(hit) }, topk)
+}
+
+/// Whether this kernel computes: the dispatch test's verdict for the
+/// paired kernel (`PAIRED`) or for the row kernel launched after it (with
+/// [`FLAG_PAIR_DISPATCH`]); `true` for a row kernel launched alone. Made
+/// warp-uniform with a warp reduction so the kernel's branches on it stay
+/// uniform.
+///
+/// # Safety
+/// Every thread of the CTA calls it, in the kernel entry.
+#[inline(always)]
+unsafe fn dispatch<const PAIRED: bool>(p: &GradParams) -> bool {
+    if PAIRED || p.flags & FLAG_PAIR_DISPATCH != 0 {
+        // SAFETY: forwarded (whole CTA, uniform control flow).
+        unsafe { sync::warp_max_u32(pairs_up(p) as u32) == PAIRED as u32 }
+    } else {
+        true
+    }
 }
 
 /// Persistent warpgroup-MMA stage-2 kernel for H = 64, D = 128; see
@@ -868,8 +944,11 @@ unsafe fn pairs_up(p: &GradParams) -> bool {
 /// As [`stage2`].
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h64_d128(p: GradParams) {
-    // SAFETY: forwarded launch contract.
-    unsafe { stage2::<false, 0>(&p) }
+    // SAFETY: forwarded launch contract; the whole CTA runs the test.
+    unsafe {
+        let go = dispatch::<false>(&p);
+        stage2::<false, 0>(&p, go)
+    }
 }
 
 /// Paired persistent warpgroup-MMA stage-2 kernel for H = 64, D = 128 (two
@@ -880,12 +959,14 @@ pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h64_d128(p: GradParams) {
 /// As [`stage2`] with `PAIRED`.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_pair_h64_d128(p: GradParams) {
-    // SAFETY: forwarded launch contract.
+    // SAFETY: forwarded launch contract; the whole CTA runs the test
+    // before the halves split.
     unsafe {
+        let go = dispatch::<true>(&p);
         if sreg::thread_idx_x() < THREADS {
-            stage2::<true, 0>(&p)
+            stage2::<true, 0>(&p, go)
         } else {
-            stage2::<true, 1>(&p)
+            stage2::<true, 1>(&p, go)
         }
     }
 }
