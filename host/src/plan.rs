@@ -93,6 +93,8 @@ pub struct Plan {
     threads: u32,
     /// Dynamic shared memory of `row_fn` (limit raised in `new`).
     smem_bytes: u32,
+    /// Names of the kernels `execute` launches, in order.
+    kernels: Vec<&'static str>,
 }
 
 /// One tensor argument as the checks see it.
@@ -165,6 +167,17 @@ impl Plan {
             Backend::Blackwell => Some(Sm100Kernels::new(ctx, &module, &shape)?),
             _ => None,
         };
+        let mut kernels = match (&sm100, fast) {
+            (Some(k), _) => vec![STAGE1_KERNEL, k.stage2_name()],
+            (None, true) if pair.is_some() => {
+                vec![STAGE1_KERNEL, sm90::WG_PAIR_KERNEL, sm90::WG_KERNEL]
+            }
+            (None, true) => vec![STAGE1_KERNEL, sm90::WG_KERNEL],
+            (None, false) => vec![name],
+        };
+        if opts.d_index_k == GradDtype::Bf16 {
+            kernels.push(CAST_KERNEL);
+        }
         Ok(Plan {
             shape,
             opts,
@@ -177,7 +190,17 @@ impl Plan {
             threads,
             smem_bytes,
             grid,
+            kernels,
         })
+    }
+
+    /// Names of the kernels `execute` launches, in launch order (for
+    /// logs, profilers and sanitizer runs). With an even number of rows on
+    /// the Hopper fast path both the paired and the row wgmma kernel are
+    /// launched and a test on the ids inside them picks the one that
+    /// computes; the other exits at once.
+    pub fn kernels(&self) -> &[&'static str] {
+        &self.kernels
     }
 
     /// The backend this plan runs: [`Backend::Hopper`] (on sm_90 the wgmma

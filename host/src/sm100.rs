@@ -173,6 +173,7 @@ fn encode(base: u64, a: &TiledArgs) -> Result<TensorMap> {
 pub struct Sm100Kernels {
     stage1: CudaFunction,
     stage2: CudaFunction,
+    stage2_name: &'static str,
     sms: u32,
     maps: (TiledArgs, TiledArgs),
 }
@@ -196,9 +197,15 @@ impl Sm100Kernels {
         Ok(Sm100Kernels {
             stage1,
             stage2,
+            stage2_name: name,
             sms: sms.max(1) as u32,
             maps: map_args(shape)?,
         })
+    }
+
+    /// Name of the stage-2 specialization this plan launches.
+    pub fn stage2_name(&self) -> &'static str {
+        self.stage2_name
     }
 
     /// Stage 1 (grad_signal, zeroing of `p.dk_accum`), then stage 2 as its

@@ -90,12 +90,40 @@ fn copy_into(src: &Path, dir: &Path) -> Result<(), String> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs every test binary of the bundle with the GPU required, then the main
 # example; prints per-binary results and one summary line.
-# Usage: bash run.sh [--bench ARGS...]
+# Usage: bash run.sh [--bench ARGS... | --sanitize [TOOL...]]
+#   --sanitize: runs bin/indexer-sanitize (one small case per kernel family)
+#   under compute-sanitizer's memcheck, racecheck, synccheck and initcheck
+#   (or the tools named) and fails on any report.
 set -u
 cd "$(dirname "$0")"
 export INDEXER_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 if [ "${1:-}" = "--bench" ]; then shift; exec ./bin/indexer-bench "$@"; fi
+if [ "${1:-}" = "--sanitize" ]; then
+  shift
+  tools="${*:-memcheck racecheck synccheck initcheck}"
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+  [ -n "$cs" ] || { echo "sanitize: compute-sanitizer not found"; exit 1; }
+  "$cs" --version | tail -n 1
+  clean=0; dirty=""
+  for tool in $tools; do
+    log=$(mktemp)
+    extra=""
+    [ "$tool" = racecheck ] && extra="--racecheck-report all"
+    "$cs" --tool "$tool" $extra --error-exitcode 99 --print-limit 20 ./bin/indexer-sanitize > "$log" 2>&1
+    rc=$?
+    grep -E '^case |cases ok|SUMMARY' "$log" | sed "s/^/[$tool] /"
+    if [ "$rc" -eq 0 ] && grep -q 'cases ok' "$log" && grep -Eq 'SUMMARY: 0 (errors|hazards)' "$log"; then
+      clean=$((clean + 1)); echo "sanitize $tool: clean"
+    else
+      dirty="$dirty $tool"; echo "sanitize $tool: FAILED (exit $rc); first reports:"
+      grep -E '=========' "$log" | head -n 40
+    fi
+  done
+  n=$(echo $tools | wc -w)
+  echo "sanitize: $clean of $n tools clean${dirty:+, failing:$dirty}"
+  [ -z "$dirty" ]; exit $?
+fi
 passed=0; failed=0; bad=""
 for t in tests/*; do
   echo "=== $t"

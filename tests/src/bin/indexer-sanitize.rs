@@ -1,0 +1,171 @@
+//! One small case per kernel family that runs on this GPU, for
+//! compute-sanitizer: each case builds a plan, executes once, synchronises
+//! and checks every output against the CPU reference (SPEC's tolerances).
+//!
+//! ```text
+//! compute-sanitizer --tool synccheck --error-exitcode 1 indexer-sanitize [--list]
+//! ```
+//!
+//! `bash run.sh --sanitize` in the GPU bundle runs it under memcheck,
+//! racecheck, synccheck and initcheck. The cases are sized to take seconds
+//! under the slowest tool. Exit status 0 only when every case ran and
+//! matched the reference; the sanitizer's own exit code reports its
+//! findings.
+
+use dsa_indexer_bwd::{Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
+use indexer_tests::{check_against_reference, gpu, run_gpu, Gen, Padding, Problem, Values};
+use kernels_gpu::sm90::ids_pair_up;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+/// One case: what it exercises and how it is built.
+struct Case {
+    name: &'static str,
+    shape: Shape,
+    opts: Options,
+    gen: Gen,
+    /// Rows 2i + 1 copy rows 2i (the paired kernel's test accepts).
+    paired: bool,
+}
+
+fn shape(batch: usize, seq_q: usize, seq_k: usize, heads: usize, dim: usize, topk: usize) -> Shape {
+    Shape {
+        batch,
+        seq_q,
+        seq_k,
+        heads,
+        head_dim: dim,
+        topk,
+    }
+}
+
+fn opts(key_ids: KeyIds, score: ScoreKind, dk: GradDtype, dw: GradDtype) -> Options {
+    Options {
+        sm_scale: 0.5,
+        key_ids,
+        score,
+        d_index_k: dk,
+        d_weights: dw,
+        backend: Backend::Auto,
+    }
+}
+
+fn gen(padding: Padding, trailing: bool) -> Gen {
+    Gen {
+        values: Values::Grid,
+        padding,
+        short_rows: 0.3,
+        trailing,
+        duplicates: true,
+        masked: 0.05,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    use GradDtype::{Bf16, F32};
+    use KeyIds::{Global, Local};
+    use ScoreKind::{LogProbs, Probs};
+    vec![
+        Case {
+            // Odd rows: stage 1, then the wgmma row kernel alone; topk over
+            // SKIP_MIN_TOPK with trailing padding, so rows skip chunks.
+            name: "stage1 + wgmma row kernel (chunk skip)",
+            shape: shape(1, 33, 640, 64, 128, 576),
+            opts: opts(Global, Probs, F32, GradDtype::Bf16),
+            gen: gen(Padding::NegOne, true),
+            paired: false,
+        },
+        Case {
+            name: "stage1 + wgmma paired kernel computing (row kernel exits)",
+            shape: shape(2, 24, 192, 64, 128, 256),
+            opts: opts(Local, LogProbs, F32, F32),
+            gen: gen(Padding::OutOfRange, false),
+            paired: true,
+        },
+        Case {
+            name: "stage1 + wgmma paired kernel exiting (row kernel computes) + cast",
+            shape: shape(1, 32, 512, 64, 128, 192),
+            opts: opts(Global, Probs, Bf16, GradDtype::Bf16),
+            gen: gen(Padding::NegOne, false),
+            paired: false,
+        },
+        Case {
+            name: "mma.sync row kernel H=32 D=128 + cast",
+            shape: shape(1, 20, 160, 32, 128, 100),
+            opts: opts(Global, Probs, Bf16, GradDtype::Bf16),
+            gen: gen(Padding::OutOfRange, false),
+            paired: false,
+        },
+        Case {
+            name: "mma.sync row kernel H=16 D=64",
+            shape: shape(2, 9, 96, 16, 64, 40),
+            opts: opts(Local, LogProbs, F32, F32),
+            gen: gen(Padding::NegOne, false),
+            paired: false,
+        },
+        Case {
+            name: "mma.sync row kernel H=128 D=64",
+            shape: shape(1, 6, 80, 128, 64, 70),
+            opts: opts(Global, Probs, F32, GradDtype::Bf16),
+            gen: gen(Padding::NegOne, false),
+            paired: false,
+        },
+        Case {
+            name: "mma.sync row kernel H=64 D=128 (topk <= 64)",
+            shape: shape(1, 10, 64, 64, 128, 48),
+            opts: opts(Global, Probs, F32, GradDtype::Bf16),
+            gen: gen(Padding::NegOne, false),
+            paired: false,
+        },
+    ]
+}
+
+fn main() {
+    let cases = cases();
+    if std::env::args().any(|a| a == "--list") {
+        for c in &cases {
+            println!("{}", c.name);
+        }
+        return;
+    }
+    // Problems first (host only): each case's ids must take the path its
+    // name says.
+    let problems: Vec<Problem> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut rng = StdRng::seed_from_u64(0x5a71 + i as u64);
+            let mut p = Problem::random(&mut rng, c.shape, c.opts, c.gen);
+            if c.paired {
+                p.pair_rows(&mut rng, 1.0, 2);
+            }
+            let (rows, topk) = (c.shape.rows() as u32, c.shape.topk as u32);
+            assert_eq!(
+                ids_pair_up(&p.ids, rows, topk),
+                c.paired,
+                "{}: the dispatch test",
+                c.name
+            );
+            p
+        })
+        .collect();
+    let Some(ctx) = gpu("indexer-sanitize") else {
+        return;
+    };
+    for (i, (c, p)) in cases.iter().zip(&problems).enumerate() {
+        let plan = Plan::new(&ctx, c.shape, c.opts).expect("plan");
+        let out = run_gpu(&ctx, p);
+        let e = check_against_reference(p, &out);
+        println!(
+            "case {}/{}: {}: kernels {:?}; errors dq {:.2e} dw {:.2e} dk {:.2e}: ok",
+            i + 1,
+            cases.len(),
+            c.name,
+            plan.kernels(),
+            e.d_index_q,
+            e.d_weights,
+            e.d_index_k
+        );
+    }
+    println!("indexer-sanitize: {} cases ok", cases.len());
+}
