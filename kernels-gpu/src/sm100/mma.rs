@@ -12,8 +12,10 @@
 //! 5. commit `EMPTY[s]` and `DK_READY`; after the row's last chunk also
 //!    `DQ_READY` and `Q_EMPTY[b]`.
 //!
-//! Before leaving it waits for the last `EMPTY` and `Q_EMPTY` phases, so
-//! no commit arrival is still in flight when the CTA exits.
+//! Before leaving it waits for the last release of every K stage and every
+//! q buffer (commit arrivals may land in any order; the other roles wait
+//! for all the other commits), so no commit arrival is still in flight
+//! when the CTA exits.
 //!
 //! A commit's arrival means every MMA this thread issued before it is
 //! complete, so each commit also releases everything earlier ones did.

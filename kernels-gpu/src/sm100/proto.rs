@@ -267,7 +267,7 @@ fn wait_tc<M: Machine>(m: &mut M, bar: u32, phase: u32) {
 
 /// The MMA lane: per chunk S, then (dS written) dQ and (dK read out) dK,
 /// each commit releasing what the MMAs before it read or wrote; at the end
-/// it waits for its last commits to land.
+/// it waits for the commits no other role waits for to land.
 #[inline(always)]
 pub fn mma<M: MmaWork>(m: &mut M, rows: Rows, nch: u32) {
     let (mut n, mut r) = (0u32, 0u32);
@@ -300,12 +300,16 @@ pub fn mma<M: MmaWork>(m: &mut M, rows: Rows, nch: u32) {
         r += 1;
         row += rows.step;
     }
-    // Let the last commits' arrivals land before the CTA may exit: the last
-    // K stage's release and the last q buffer's release (issued last).
-    if r > 0 {
-        let ks = slot(n - 1, K_STAGES);
-        let qs = slot(r - 1, Q_STAGES);
+    // Let every commit's arrival land before the CTA may exit. The ISA does
+    // not order the arrivals of different commits; the other roles wait for
+    // all of them but the last release of each K stage and each q buffer,
+    // so wait for those here.
+    for i in 1..=n.min(K_STAGES) {
+        let ks = slot(n - i, K_STAGES);
         m.wait(EMPTY + ks.index, ks.full_phase);
+    }
+    for i in 1..=r.min(Q_STAGES) {
+        let qs = slot(r - i, Q_STAGES);
         m.wait(Q_EMPTY + qs.index, qs.full_phase);
     }
 }
