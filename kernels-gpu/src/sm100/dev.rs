@@ -38,7 +38,8 @@ impl<'a, R> Dev<'a, R> {
 // SAFETY (every method below): `Dev::new`'s contract: the barriers are
 // initialised, and the calls come from the role skeletons in `proto`,
 // whose waits name phases that the protocol completes, whose arrivals each
-// phase expects, and whose commits follow the MMAs they release.
+// phase expects (both checked on the host by `sm100::model`), and whose
+// commits follow the MMAs they release.
 impl<R> Machine for Dev<'_, R> {
     #[inline(always)]
     fn wait(&mut self, bar: u32, phase: u32) {

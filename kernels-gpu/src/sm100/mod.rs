@@ -16,13 +16,16 @@
 //! lane mapping ([`tmem`]), tensor-memory and shared-memory budgets
 //! ([`budget`]), the persistent scheduler and barrier parities ([`sched`]),
 //! TMA gather4 row coordinates ([`gather`]) and tensor-map geometry
-//! ([`tmap`]); and the stage-2 barrier protocol ([`proto`]).
+//! ([`tmap`]); and the stage-2 barrier protocol ([`proto`]), which a test
+//! model-checks (`model`) over every interleaving of small cases.
 
 pub mod budget;
 pub mod desc;
 #[cfg(test)]
 mod emulate;
 pub mod gather;
+#[cfg(test)]
+mod model;
 pub mod operands;
 pub mod proto;
 pub mod sched;

@@ -10,15 +10,17 @@
 //! - the device roles (`load.rs`, `mma.rs`, `compute.rs`, `reduce.rs`, on
 //!   `dev::Dev`): every operation is the real `mbarrier` / `tcgen05` / TMA /
 //!   bulk instruction, every hook the real data work;
-//! - a host model of the protocol can run them too, recording each role's
-//!   operations.
+//! - the host model check (`model.rs`, tests only): a recorder turns each
+//!   role into a trace of operations, and a checker explores every
+//!   interleaving of the traces and of the asynchronous completions against
+//!   a model of the PTX semantics (see there for what it checks).
 //!
 //! Phases: every barrier operation names the 0-based phase it belongs to
 //! (the `n`-th chunk, the `r`-th row, the round of a ring slot). The
 //! hardware sees only the parity of a wait's phase (`sched::parity`) and
-//! counts arrivals into whatever phase is current; a model can check both
-//! against the full index, to see an arrival past a phase's count or a
-//! waiter that fell a phase behind.
+//! counts arrivals into whatever phase is current; the model checks both
+//! against the full index, which is how it sees an arrival past a phase's
+//! count or a waiter that fell a phase behind.
 //!
 //! Barriers (mbarriers in shared memory; "n" counts chunks, "r" rows of
 //! this CTA; phases from `sched::slot`):
@@ -109,11 +111,32 @@ pub const fn arrivals(bar: u32) -> u32 {
     }
 }
 
+/// Mutations of the protocol that the model check's tests plant to show
+/// it catches them. The device uses [`Plant::None`] (the default of
+/// [`Machine::PLANT`]), for which every branch on it folds away at compile
+/// time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plant {
+    /// The protocol as written.
+    None,
+    /// The reduce warps release dK (`DK_FREE`) before reading it out.
+    EarlyDkFree,
+    /// The MMA role releases the K stage (`EMPTY[s]`) right after S, as if
+    /// only S read K (dQ = dS K reads it too).
+    EarlyEmptyCommit,
+    /// The MMA role drains only the last commit to `EMPTY` and to
+    /// `Q_EMPTY` before exiting (as it did before the model check), as if
+    /// commits arrived in issue order.
+    DrainLastOnly,
+}
+
 /// Synchronisation operations of one actor: a warp (the load, compute and
 /// reduce roles), or the one lane that issues MMAs. "Arrive" is one
 /// arrival per executing lane; roles arrive once per warp inside
 /// [`Machine::lane0`].
 pub trait Machine {
+    /// Planted protocol mutation (tests only).
+    const PLANT: Plant = Plant::None;
     /// `mbarrier.try_wait.parity` until phase `phase` of barrier `bar` has
     /// completed (acquire).
     fn wait(&mut self, bar: u32, phase: u32);
@@ -280,6 +303,9 @@ pub fn mma<M: MmaWork>(m: &mut M, rows: Rows, nch: u32) {
             wait_tc(m, FULL + ks.index, ks.full_phase);
             m.mma_s(qs.index, ks.index);
             m.commit(S_READY, n);
+            if M::PLANT == Plant::EarlyEmptyCommit {
+                m.commit(EMPTY + ks.index, ks.full_phase);
+            }
             wait_tc(m, DS_READY, n);
             if k == 0 && r > 0 {
                 wait_tc(m, DQ_FREE, r - 1);
@@ -289,7 +315,9 @@ pub fn mma<M: MmaWork>(m: &mut M, rows: Rows, nch: u32) {
                 wait_tc(m, DK_FREE, n - 1);
             }
             m.mma_dk(qs.index);
-            m.commit(EMPTY + ks.index, ks.full_phase);
+            if M::PLANT != Plant::EarlyEmptyCommit {
+                m.commit(EMPTY + ks.index, ks.full_phase);
+            }
             m.commit(DK_READY, n);
             if k + 1 == nch {
                 m.commit(DQ_READY, r);
@@ -304,11 +332,16 @@ pub fn mma<M: MmaWork>(m: &mut M, rows: Rows, nch: u32) {
     // not order the arrivals of different commits; the other roles wait for
     // all of them but the last release of each K stage and each q buffer,
     // so wait for those here.
-    for i in 1..=n.min(K_STAGES) {
+    let (stages, bufs) = if M::PLANT == Plant::DrainLastOnly {
+        (1, 1)
+    } else {
+        (K_STAGES, Q_STAGES)
+    };
+    for i in 1..=n.min(stages) {
         let ks = slot(n - i, K_STAGES);
         m.wait(EMPTY + ks.index, ks.full_phase);
     }
-    for i in 1..=r.min(Q_STAGES) {
+    for i in 1..=r.min(bufs) {
         let qs = slot(r - i, Q_STAGES);
         m.wait(Q_EMPTY + qs.index, qs.full_phase);
     }
@@ -368,10 +401,15 @@ pub fn reduce<M: ReduceWork>(m: &mut M, rows: Rows, nch: u32) {
             wait_tc(m, DK_READY, n);
             // The previous bulk reductions have read the staging rows.
             m.bulk_wait_read();
+            if M::PLANT == Plant::EarlyDkFree {
+                m.lane0(|m| m.arrive(DK_FREE, n));
+            }
             m.stage_dk();
             m.tc_fence_before();
             m.warp_sync();
-            m.lane0(|m| m.arrive(DK_FREE, n));
+            if M::PLANT != Plant::EarlyDkFree {
+                m.lane0(|m| m.arrive(DK_FREE, n));
+            }
             m.reduce_dk();
             n += 1;
         }

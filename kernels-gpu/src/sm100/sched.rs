@@ -79,7 +79,8 @@ pub const fn slot(n: u32, stages: u32) -> Slot {
 
 /// Parity `mbarrier.try_wait.parity` takes to wait for phase `phase`
 /// (0-based) of a barrier: it passes once the barrier's current phase has
-/// the other parity, so a waiter must never fall two phases behind.
+/// the other parity, so a waiter must never fall two phases behind
+/// (`sm100::model` checks that it cannot).
 pub const fn parity(phase: u32) -> u32 {
     phase & 1
 }

@@ -18,8 +18,8 @@
 //!
 //! The order of every role's barrier operations is written once, in
 //! [`super::proto`] (with the table of barriers, their arrival counts and
-//! phases); the role modules implement its operations on the device
-//! ([`super::dev`]).
+//! phases), and model-checked on the host by `sm100::model`; the role
+//! modules implement its operations on the device ([`super::dev`]).
 
 use super::budget::DK_ROW_BYTES;
 use super::budget::{
