@@ -5,8 +5,9 @@
 //! `crate::stage1` kernel, launched first): `stage2` (persistent, warp-specialized tcgen05 kernel), whose
 //! roles live one per module: `load` (TMA gather4 of K rows), `mma` (the
 //! single issuing thread), `compute` (gate, dS, d_weights, dQ epilogue),
-//! `reduce` (dK through shared memory into bulk reductions); plus the
-//! `smoke` kernel.
+//! `reduce` (dK through shared memory into bulk reductions), each running
+//! its loop from [`proto`] on `dev` (the device implementation of its
+//! operations); plus the `smoke` kernel.
 //!
 //! Everything that can be checked without the GPU is plain Rust that also
 //! builds for the host and is unit-tested there: descriptor encodings and
@@ -15,20 +16,26 @@
 //! lane mapping ([`tmem`]), tensor-memory and shared-memory budgets
 //! ([`budget`]), the persistent scheduler and barrier parities ([`sched`]),
 //! TMA gather4 row coordinates ([`gather`]) and tensor-map geometry
-//! ([`tmap`]).
+//! ([`tmap`]); and the stage-2 barrier protocol ([`proto`]), which a test
+//! model-checks (`model`) over every interleaving of small cases.
 
 pub mod budget;
 pub mod desc;
 #[cfg(test)]
 mod emulate;
 pub mod gather;
+#[cfg(test)]
+mod model;
 pub mod operands;
+pub mod proto;
 pub mod sched;
 pub mod tmap;
 pub mod tmem;
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
 mod compute;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+mod dev;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
 mod load;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]

@@ -50,18 +50,21 @@ pub const fn chunks_per_row(topk: u32) -> Option<u32> {
 }
 
 /// Position in a ring of `stages` buffers guarded by `full`/`empty`
-/// mbarrier pairs, for the `n`-th use (0-based) of the ring.
+/// mbarrier pairs, for the `n`-th use (0-based) of the ring. Phases are
+/// 0-based indices of a barrier's phase completions; a wait passes the
+/// hardware only their [`parity`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
     /// Buffer index, `n % stages`.
     pub index: u32,
-    /// Parity a consumer waits for on the buffer's `full` barrier: the
-    /// buffer's `n / stages`-th phase completion.
-    pub full_parity: u32,
-    /// Parity the producer waits for on the buffer's `empty` barrier before
+    /// Phase a consumer waits for on the buffer's `full` barrier (and the
+    /// phase its own release lands in on the `empty` barrier): the buffer's
+    /// `n / stages`-th fill.
+    pub full_phase: u32,
+    /// Phase the producer waits for on the buffer's `empty` barrier before
     /// refilling it (the consumers' release of its previous use), or `None`
     /// for the first use of each buffer.
-    pub empty_parity: Option<u32>,
+    pub empty_phase: Option<u32>,
 }
 
 /// [`Slot`] of the `n`-th use of a ring of `stages` buffers.
@@ -69,19 +72,17 @@ pub const fn slot(n: u32, stages: u32) -> Slot {
     let round = n / stages;
     Slot {
         index: n % stages,
-        full_parity: round & 1,
-        empty_parity: if round == 0 {
-            None
-        } else {
-            Some((round - 1) & 1)
-        },
+        full_phase: round,
+        empty_phase: if round == 0 { None } else { Some(round - 1) },
     }
 }
 
-/// Parity to wait for on a barrier that completes once per event, for the
-/// `n`-th event (0-based).
-pub const fn parity(n: u32) -> u32 {
-    n & 1
+/// Parity `mbarrier.try_wait.parity` takes to wait for phase `phase`
+/// (0-based) of a barrier: it passes once the barrier's current phase has
+/// the other parity, so a waiter must never fall two phases behind
+/// (`sm100::model` checks that it cannot).
+pub const fn parity(phase: u32) -> u32 {
+    phase & 1
 }
 
 #[cfg(test)]
@@ -171,7 +172,8 @@ mod tests {
                     assert_eq!(s.index, n % stages);
                     let i = s.index as usize;
                     // Producer: must block until the previous use was released.
-                    if let Some(p) = s.empty_parity {
+                    if let Some(ph) = s.empty_phase {
+                        let p = parity(ph);
                         assert!(!empty[i].try_wait(p), "use {n}: empty passed early");
                         empty[i].completed += 1;
                         assert!(empty[i].try_wait(p), "use {n}: empty never passes");
@@ -179,12 +181,10 @@ mod tests {
                         assert_eq!(n / stages, 0);
                     }
                     // Consumer: blocks until this use is filled.
-                    assert!(
-                        !full[i].try_wait(s.full_parity),
-                        "use {n}: full passed early"
-                    );
+                    let p = parity(s.full_phase);
+                    assert!(!full[i].try_wait(p), "use {n}: full passed early");
                     full[i].completed += 1;
-                    assert!(full[i].try_wait(s.full_parity));
+                    assert!(full[i].try_wait(p));
                 }
             }
         }

@@ -16,26 +16,21 @@
 //! The compute and reduce roles are whole warpgroups because a warp can only
 //! reach the tensor-memory sub-partition `warp % 4` (see `sm100::tmem`).
 //!
-//! Barriers (mbarriers in shared memory; "n" counts chunks, "r" rows of
-//! this CTA; parities from `sched::slot` / `sched::parity`):
-//!
-//! | barrier | arrivals | meaning |
-//! |---|---|---|
-//! | `FULL[s]` | 32 load lanes + 32 KiB tx | K stage s and its slot metadata are filled |
-//! | `EMPTY[s]` | MMA commit + 4 compute + 4 reduce warps | stage s (K rows and slot metadata) is no longer read |
-//! | `Q_FULL[b]` | load lane 0 + q bytes tx | q buffer b holds the row's q |
-//! | `Q_EMPTY[b]` | MMA commit | the row's last MMA reading q buffer b is done |
-//! | `S_READY` | MMA commit | S of chunk n is in tensor memory |
-//! | `DS_READY` | 4 compute warps | dS of chunk n is in shared memory (S read) |
-//! | `DK_READY` | MMA commit | dK of chunk n is in tensor memory (dS read) |
-//! | `DK_FREE` | 4 reduce warps | dK of chunk n was read out of tensor memory |
-//! | `DQ_READY` | MMA commit | dQ of row r is complete |
-//! | `DQ_FREE` | 4 compute warps | dQ of row r was read out |
+//! The order of every role's barrier operations is written once, in
+//! [`super::proto`] (with the table of barriers, their arrival counts and
+//! phases), and model-checked on the host by `sm100::model`; the role
+//! modules implement its operations on the device ([`super::dev`]).
 
 use super::budget::DK_ROW_BYTES;
 use super::budget::{
     K_STAGES, OFF_BARS, OFF_DK, OFF_DS, OFF_K, OFF_META, OFF_Q, Q_STAGES, SM100_CHUNK,
     SM100_HEAD_TILE, SMEM_K_STAGE, SMEM_META_STAGE, SMEM_Q, SMEM_Q_REGION, TMEM_ALLOC,
+};
+use super::proto::{
+    arrivals, COMPUTE_WARPS, LOAD_WARP, MMA_WARP, NUM_BARS, REDUCE_WARP0, REDUCE_WARPS,
+};
+use super::proto::{
+    DK_FREE, DK_READY, DQ_FREE, DQ_READY, DS_READY, EMPTY, FULL, Q_EMPTY, Q_FULL, S_READY,
 };
 use super::{compute, load, mma, reduce};
 use crate::params::{GradParams, Sm100Params, SM100_K_MAP_OFFSET, SM100_Q_MAP_OFFSET};
@@ -43,41 +38,11 @@ use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::tcgen05::{self, TmemAddr};
 use crate::ptx::{bulk, griddep, mbarrier, sreg, sync};
 
-/// Barrier indices (8 bytes each from `OFF_BARS`).
-pub(super) const FULL: u32 = 0;
-/// See [`FULL`].
-pub(super) const EMPTY: u32 = FULL + K_STAGES;
-/// See [`FULL`].
-pub(super) const Q_FULL: u32 = EMPTY + K_STAGES;
-/// See [`FULL`].
-pub(super) const Q_EMPTY: u32 = Q_FULL + Q_STAGES;
-/// See [`FULL`].
-pub(super) const S_READY: u32 = Q_EMPTY + Q_STAGES;
-/// See [`FULL`].
-pub(super) const DS_READY: u32 = S_READY + 1;
-/// See [`FULL`].
-pub(super) const DK_READY: u32 = DS_READY + 1;
-/// See [`FULL`].
-pub(super) const DK_FREE: u32 = DK_READY + 1;
-/// See [`FULL`].
-pub(super) const DQ_READY: u32 = DK_FREE + 1;
-/// See [`FULL`].
-pub(super) const DQ_FREE: u32 = DQ_READY + 1;
-const NUM_BARS: u32 = DQ_FREE + 1;
 /// The 4-byte slot `tcgen05.alloc` writes the tensor-memory address to.
 const TMEM_SLOT: u32 = OFF_BARS + 8 * NUM_BARS;
 const _: () = assert!(TMEM_SLOT + 4 <= super::budget::SM100_SMEM);
 
-/// Warp roles.
-pub(super) const COMPUTE_WARPS: u32 = 4;
-/// First reduce warp (a whole warpgroup: warp % 4 = 0..3).
-pub(super) const REDUCE_WARP0: u32 = 4;
-/// The K-load warp.
-pub(super) const LOAD_WARP: u32 = 8;
-/// The MMA warp (also allocates and frees tensor memory).
-pub(super) const MMA_WARP: u32 = 9;
 const _: () = assert!((MMA_WARP + 1) * 32 == crate::params::SM100_STAGE2_THREADS);
-const _: () = assert!(REDUCE_WARP0 % 4 == 0 && COMPUTE_WARPS == 4);
 
 /// What every role needs: parameters, shared-memory map, tensor memory.
 pub(super) struct Ctx<'a> {
@@ -161,19 +126,16 @@ unsafe fn stage2<const NCH: u32, const H: u32>(p: &GradParams, param_addr: u64) 
     unsafe {
         if tid == 0 {
             for s in 0..K_STAGES {
-                mbarrier::init(c.bar(FULL + s), 32);
-                mbarrier::init(c.bar(EMPTY + s), 1 + COMPUTE_WARPS + 4);
+                mbarrier::init(c.bar(FULL + s), arrivals(FULL + s));
+                mbarrier::init(c.bar(EMPTY + s), arrivals(EMPTY + s));
             }
             for b in 0..Q_STAGES {
-                mbarrier::init(c.bar(Q_FULL + b), 1);
-                mbarrier::init(c.bar(Q_EMPTY + b), 1);
+                mbarrier::init(c.bar(Q_FULL + b), arrivals(Q_FULL + b));
+                mbarrier::init(c.bar(Q_EMPTY + b), arrivals(Q_EMPTY + b));
             }
-            mbarrier::init(c.bar(S_READY), 1);
-            mbarrier::init(c.bar(DS_READY), COMPUTE_WARPS);
-            mbarrier::init(c.bar(DK_READY), 1);
-            mbarrier::init(c.bar(DK_FREE), 4);
-            mbarrier::init(c.bar(DQ_READY), 1);
-            mbarrier::init(c.bar(DQ_FREE), COMPUTE_WARPS);
+            for i in [S_READY, DS_READY, DK_READY, DK_FREE, DQ_READY, DQ_FREE] {
+                mbarrier::init(c.bar(i), arrivals(i));
+            }
             mbarrier::fence_init();
         }
         if H < SM100_HEAD_TILE {
@@ -212,7 +174,7 @@ unsafe fn stage2<const NCH: u32, const H: u32>(p: &GradParams, param_addr: u64) 
     unsafe {
         if warp < COMPUTE_WARPS {
             compute::run::<NCH, H>(&c, warp);
-        } else if warp < REDUCE_WARP0 + 4 {
+        } else if warp < REDUCE_WARP0 + REDUCE_WARPS {
             reduce::run::<NCH>(&c, warp);
         } else if warp == LOAD_WARP {
             load::run::<NCH, H>(&c);
