@@ -73,7 +73,7 @@ pub unsafe fn load_2d(dst: SmemAddr, tmap: u64, c0: i32, c1: i32, bar: SmemAddr)
 /// `__grid_constant__`) is handed to `cp.async.bulk.tensor`, whose
 /// `tensorMap` operand is a generic address into the parameter space.
 /// Use it only inside the kernel it names; the result is read-only memory.
-#[cfg(kernels_arch = "sm_100a")]
+#[cfg(kernels_arch = "sm_100f")]
 macro_rules! param0_generic_addr {
     ($kernel:expr) => {{
         let r: u64;
@@ -89,5 +89,5 @@ macro_rules! param0_generic_addr {
         r
     }};
 }
-#[cfg(kernels_arch = "sm_100a")]
+#[cfg(kernels_arch = "sm_100f")]
 pub(crate) use param0_generic_addr;

@@ -27,15 +27,15 @@ pub mod sched;
 pub mod tmap;
 pub mod tmem;
 
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod compute;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod load;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod mma;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod reduce;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod smoke;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod stage2;
