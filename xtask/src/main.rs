@@ -11,6 +11,8 @@
 //!   `run.sh` in one folder to copy to the GPU machine.
 
 mod bundle;
+#[cfg(test)]
+mod descriptors;
 mod link;
 mod ptx;
 mod util;
