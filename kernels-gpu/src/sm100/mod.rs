@@ -1,7 +1,7 @@
-//! Blackwell (sm_100a) path. **Compiled and assembled for sm_100a, not
+//! Blackwell (sm_100f) path. **Compiled and assembled for sm_100f, not
 //! executed** (no such GPU has been available).
 //!
-//! Device kernels (sm_100a builds only; stage 1 is the shared
+//! Device kernels (sm_100f builds only; stage 1 is the shared
 //! `crate::stage1` kernel, launched first): `stage2` (persistent, warp-specialized tcgen05 kernel), whose
 //! roles live one per module: `load` (TMA gather4 of K rows), `mma` (the
 //! single issuing thread), `compute` (gate, dS, d_weights, dQ epilogue),
