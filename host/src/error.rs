@@ -78,9 +78,25 @@ pub enum Error {
         /// Bytes given.
         given: usize,
     },
-    /// The GPU is not one this build has kernels for.
-    #[error("unsupported GPU: compute capability {major}.{minor}; kernels exist for sm_90 (Hopper) and sm_100 (Blackwell, compiled but not executed)")]
+    /// The GPU is older than any module this crate embeds (compute
+    /// capability below 9.0).
+    #[error("unsupported GPU: compute capability {major}.{minor}; the kernels need compute capability 9.0 or newer")]
     UnsupportedDevice {
+        /// Major compute capability.
+        major: i32,
+        /// Minor compute capability.
+        minor: i32,
+    },
+    /// A kernel the plan needs asks for more shared memory per block than
+    /// the GPU offers.
+    #[error("{kernel} needs {required} bytes of shared memory per block; this GPU (compute capability {major}.{minor}) offers {available}")]
+    SharedMemory {
+        /// The kernel.
+        kernel: &'static str,
+        /// Bytes it needs.
+        required: u32,
+        /// Bytes the GPU offers a block (its opt-in maximum).
+        available: u32,
         /// Major compute capability.
         major: i32,
         /// Minor compute capability.

@@ -14,15 +14,21 @@
 //! - [`cpu`]: a multi-threaded f64 implementation of the same math: the test
 //!   oracle, and [`cpu::execute`], the fallback where no GPU is present.
 //!
-//! Runs on: NVIDIA Hopper (sm_90, tested on H200). The Blackwell path
-//! (sm_100/sm_103, tcgen05 kernels, chosen by [`Backend::Auto`]) is
-//! compiled and assembled for sm_100a, not executed (no such GPU available).
+//! Runs on: NVIDIA GPUs of compute capability 9.0 or newer, tested on an
+//! H200 (sm_90). Other GPUs load the `sm_100f` module (10.0, 10.3) or the
+//! portable `sm_90` module (any other, JIT-compiled by the driver) and run
+//! the `mma.sync` row kernels ([`select`] has the table). The Blackwell
+//! path (sm_100/sm_103, tcgen05 kernels) is compiled and assembled for
+//! `sm_100f`, not executed (no such GPU available): [`Backend::Auto`] never
+//! picks it while [`TCGEN05_VALIDATED`] is empty; `Options { backend:
+//! Backend::Blackwell, .. }` opts in.
 
 pub mod cpu;
 mod error;
 pub mod gpu;
 pub mod oneshot;
 mod plan;
+mod select;
 mod shape;
 mod sm100;
 
@@ -31,8 +37,8 @@ pub use error::{Error, Result};
 pub use gpu::cuda_device_count;
 pub use half::bf16;
 pub use plan::{GradOut, Inputs, Outputs, Plan, StageEvents, StageTimes};
+pub use select::{select, select_backend, Selection, TCGEN05_VALIDATED};
 pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
-pub use sm100::select_backend;
 
 /// The README's code blocks, compiled as doctests so the API example there
 /// cannot drift from the API.

@@ -2,8 +2,9 @@
 
 use crate::error::{Error, Result};
 use crate::gpu;
+use crate::select::{check_shared_memory, select};
 use crate::shape::{check_finite, Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
-use crate::sm100::{select_backend, Sm100Kernels};
+use crate::sm100::Sm100Kernels;
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr,
     DevicePtrMut, DeviceSlice,
@@ -111,30 +112,37 @@ struct Arg {
 
 impl Plan {
     /// Builds a plan: checks the shape envelope and options, loads the PTX
-    /// for the context's GPU and configures the kernels.
+    /// module for the context's GPU (by exact compute capability: `sm_90a`
+    /// on 9.0, `sm_100f` on 10.0 and 10.3, the portable `sm_90` module on
+    /// any other GPU of compute capability 9.0 or newer) and configures the
+    /// kernels [`crate::select`] chose.
+    ///
+    /// Fails with [`Error::UnsupportedDevice`] below compute capability
+    /// 9.0, [`Error::BackendUnavailable`] when `Backend::Blackwell` is forced
+    /// where the tcgen05 kernels cannot run, and [`Error::SharedMemory`]
+    /// when the shape's row kernel needs more shared memory per block than
+    /// the GPU has (H = 128, D = 128 on 12.x GPUs).
     pub fn new(ctx: &Arc<CudaContext>, shape: Shape, opts: Options) -> Result<Plan> {
         shape.validate()?;
         opts.validate()?;
-        let module = gpu::load_module(ctx)?;
         let name =
             grad_kernel_name(shape.heads as u32, shape.head_dim as u32).ok_or(Error::Shape {
                 name: "heads x head_dim",
                 value: shape.heads * shape.head_dim,
                 expected: "heads in {16, 32, 64, 128} and head_dim in {64, 128}",
             })?;
-        // Hopper, H = 64, D = 128, more than one chunk per row: the fast
-        // path (stage-1 kernel, then the persistent wgmma kernel as its
-        // programmatic dependent; sm_90a PTX only). Everything else: the
-        // mma.sync row kernel of the shape after a memset.
+        // The module by exact compute capability, then the kernels it
+        // holds (`select`): on the sm_90a module, H = 64, D = 128, more than
+        // one chunk per row, the fast path (stage-1 kernel, then the
+        // persistent wgmma kernel as its programmatic dependent).
+        // Everything else on the Hopper backend: the mma.sync row kernel of
+        // the shape after a memset.
         let (major, minor) = ctx.compute_capability()?;
-        let backend = select_backend(major, minor, &shape, opts.backend)?;
-        let fast = backend == Backend::Hopper
-            && major == 9
-            && (shape.heads, shape.head_dim) == (sm90::HEADS as usize, sm90::DIM as usize)
-            && sm90::supports(shape.rows() as u64, shape.topk as u64);
+        let sel = select(major, minor, &shape, opts.backend)?;
+        let module = sel.module.load(ctx)?;
         // Fast path, even rows: the paired kernel and its grid.
         let mut pair = None;
-        let (row_fn, threads, smem_bytes, stage1_fn, grid) = if fast {
+        let (row_fn, threads, smem_bytes, stage1_fn, grid) = if sel.wgmma {
             let sms =
                 ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
             let sms = sms.max(1) as u32;
@@ -153,6 +161,12 @@ impl Plan {
             )
         } else {
             let smem = RowSmem::new(shape.heads as u32, shape.head_dim as u32);
+            // GPUs with less shared memory per block than Hopper (12.x:
+            // 99 KiB) cannot run the largest row kernels.
+            let available = ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )?;
+            check_shared_memory(name, smem.bytes, available, (major, minor))?;
             (
                 module.load_function(name)?,
                 GRAD_THREADS,
@@ -163,11 +177,11 @@ impl Plan {
         };
         gpu::set_dynamic_smem(&row_fn, smem_bytes)?;
         let cast_fn = module.load_function(CAST_KERNEL)?;
-        let sm100 = match backend {
+        let sm100 = match sel.backend {
             Backend::Blackwell => Some(Sm100Kernels::new(ctx, &module, &shape)?),
             _ => None,
         };
-        let mut kernels = match (&sm100, fast) {
+        let mut kernels = match (&sm100, sel.wgmma) {
             (Some(k), _) => vec![STAGE1_KERNEL, k.stage2_name()],
             (None, true) if pair.is_some() => {
                 vec![STAGE1_KERNEL, sm90::WG_PAIR_KERNEL, sm90::WG_KERNEL]
@@ -204,8 +218,9 @@ impl Plan {
     }
 
     /// The backend this plan runs: [`Backend::Hopper`] (on sm_90 the wgmma
-    /// fast path or the `mma.sync` row kernels, by shape) or
-    /// [`Backend::Blackwell`] (tcgen05; not executed so far).
+    /// fast path or the `mma.sync` row kernels, by shape; the row kernels
+    /// on every other GPU) or [`Backend::Blackwell`] (tcgen05; compiled,
+    /// not executed, and only when forced: see [`crate::TCGEN05_VALIDATED`]).
     pub fn backend(&self) -> Backend {
         if self.sm100.is_some() {
             Backend::Blackwell

@@ -149,29 +149,35 @@ impl GradDtype {
 
 /// Which kernels a plan runs on the GPU.
 ///
-/// The Blackwell path (tcgen05, tensor memory, TMA gather4; sm_100a PTX) is
-/// **compiled and assembled for sm_100a, not executed**: no sm_100 GPU has
-/// been available to run it. `Backend::Hopper` keeps a Blackwell GPU on the
-/// `mma.sync` row kernels, which the sm_100a PTX also holds (the wgmma fast
-/// path is sm_90a-only).
+/// The Blackwell path (tcgen05, tensor memory, TMA gather4; `sm_100f` PTX)
+/// is **compiled and assembled, not executed**: no sm_100-family GPU has
+/// been available to run it. It is therefore used only when asked for:
+/// `Options { backend: Backend::Blackwell, .. }`. [`Backend::Auto`] sends a
+/// GPU to it only if that compute capability is listed in
+/// [`crate::TCGEN05_VALIDATED`] (a recorded hardware validation; none
+/// today). The full table is in [`crate::select`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
-    /// By compute capability: sm_90 -> [`Backend::Hopper`]; sm_100/sm_103 ->
-    /// [`Backend::Blackwell`] when the shape is one of its specializations
-    /// (H in {32, 64}, D = 128, topk in {128, 256, 384}), otherwise the
-    /// `mma.sync` row kernels.
+    /// The kernels tested on the H200: on sm_90 (9.0) the wgmma fast path
+    /// or the `mma.sync` row kernels by shape, on every other supported GPU
+    /// the `mma.sync` row kernels (every module holds them; the same source,
+    /// compiled for that GPU's module, not run there so far); the tcgen05
+    /// kernels only on a compute capability listed in
+    /// [`crate::TCGEN05_VALIDATED`] (none today), for a shape they take
+    /// (H in {32, 64}, D = 128, topk in {128, 256, 384}).
     #[default]
     Auto,
     /// The Hopper kernels: on sm_90 the wgmma fast path (stage-1 launch,
     /// then the persistent warpgroup-MMA kernel as its programmatic
     /// dependent) for H = 64, D = 128, topk > 64, and the `mma.sync` row
-    /// kernels (one CTA per query row) for every other shape; on sm_100 the
-    /// `mma.sync` row kernels.
+    /// kernels (one CTA per query row) for every other shape; on every
+    /// other GPU the `mma.sync` row kernels.
     Hopper,
-    /// The persistent tcgen05 kernels (stage 1 and stage 2 with programmatic
-    /// dependent launch). Plan creation fails with
-    /// [`Error::BackendUnavailable`] on a GPU other than sm_100/sm_103 or a
-    /// shape outside the specializations.
+    /// Opt-in to the persistent tcgen05 kernels (stage 1 and stage 2 with
+    /// programmatic dependent launch), compiled but never executed. Plan
+    /// creation fails with [`Error::BackendUnavailable`] on a GPU other than
+    /// 10.0 / 10.3 (B200/GB200, B300/GB300) or a shape outside the
+    /// specializations.
     Blackwell,
 }
 
@@ -199,7 +205,8 @@ pub struct Options {
     pub d_index_k: GradDtype,
     /// Element type of `d_weights`.
     pub d_weights: GradDtype,
-    /// Kernel path (default [`Backend::Auto`]: by compute capability).
+    /// Kernel path (default [`Backend::Auto`]: the tested kernels for the
+    /// GPU; `Backend::Blackwell` opts in to the unexecuted tcgen05 path).
     pub backend: Backend,
 }
 

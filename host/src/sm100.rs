@@ -1,12 +1,12 @@
-//! The Blackwell (sm_100a) path: backend selection, tensor-map encoding and
-//! the two launches (stage 1, then stage 2 as its programmatic dependent).
-//! **Compiled and assembled for sm_100a, not executed** (no such GPU has
-//! been available); the selection and the tensor-map geometry are
-//! unit-tested here.
+//! The Blackwell (sm_100 family) path: the shapes it takes, tensor-map
+//! encoding and the two launches (stage 1, then stage 2 as its programmatic
+//! dependent). **Compiled and assembled for sm_100f, not executed** (no
+//! such GPU has been available); the shape check and the tensor-map
+//! geometry are unit-tested here, the backend choice in `select.rs`.
 
 use crate::error::{Error, Result};
 use crate::gpu;
-use crate::shape::{Backend, Shape};
+use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use kernels_gpu::params::{
     sm100_stage2_kernel_name, stage1_grid, GradParams, Sm100Params, TensorMap, SM100_DIM,
@@ -38,54 +38,6 @@ pub fn blackwell_shape_gap(shape: &Shape) -> Option<&'static str> {
         return Some("B * S_q * H must stay below 2^31 for the q tensor map");
     }
     None
-}
-
-/// The backend a plan uses on a GPU of compute capability `major.minor`:
-/// [`Backend::Hopper`] (the `mma.sync` row kernels) or
-/// [`Backend::Blackwell`] (the tcgen05 kernels), never `Auto`.
-///
-/// - sm_90: `Auto`/`Hopper` -> Hopper; `Blackwell` -> error.
-/// - sm_100 / sm_103: `Auto` -> Blackwell when `blackwell_shape_gap` finds
-///   nothing, else Hopper; `Hopper` -> Hopper; `Blackwell` -> Blackwell or
-///   an error naming the shape gap.
-/// - any other GPU: [`Error::UnsupportedDevice`].
-pub fn select_backend(
-    major: i32,
-    minor: i32,
-    shape: &Shape,
-    requested: Backend,
-) -> Result<Backend> {
-    let blackwell_gpu = match (major, minor) {
-        (9, _) => false,
-        (10, 0) | (10, 3) => true,
-        (10, _) => false,
-        _ => return Err(Error::UnsupportedDevice { major, minor }),
-    };
-    let unavailable = |reason| Error::BackendUnavailable {
-        backend: Backend::Blackwell.name(),
-        reason,
-        major,
-        minor,
-    };
-    match requested {
-        Backend::Hopper => Ok(Backend::Hopper),
-        Backend::Auto => Ok(if blackwell_gpu && blackwell_shape_gap(shape).is_none() {
-            Backend::Blackwell
-        } else {
-            Backend::Hopper
-        }),
-        Backend::Blackwell => {
-            if !blackwell_gpu {
-                return Err(unavailable(
-                    "the tcgen05 kernels need an sm_100 or sm_103 GPU",
-                ));
-            }
-            match blackwell_shape_gap(shape) {
-                Some(reason) => Err(unavailable(reason)),
-                None => Ok(Backend::Blackwell),
-            }
-        }
-    }
 }
 
 /// Arguments of `cuTensorMapEncodeTiled` for a 2D bf16 map, 128-byte
@@ -169,7 +121,7 @@ fn encode(base: u64, a: &TiledArgs) -> Result<TensorMap> {
     Ok(TensorMap(raw.opaque))
 }
 
-/// The loaded and configured sm_100a kernels of one plan.
+/// The loaded and configured tcgen05 kernels of one plan.
 pub struct Sm100Kernels {
     stage1: CudaFunction,
     stage2: CudaFunction,
@@ -180,7 +132,8 @@ pub struct Sm100Kernels {
 
 impl Sm100Kernels {
     /// Loads stage 1 and the stage-2 specialization for `shape` (which
-    /// [`select_backend`] accepted) and raises stage 2's shared memory.
+    /// [`crate::select_backend`] accepted) and raises stage 2's shared
+    /// memory.
     pub fn new(ctx: &Arc<CudaContext>, module: &Arc<CudaModule>, shape: &Shape) -> Result<Self> {
         let name = sm100_stage2_kernel_name(shape.topk as u32, shape.heads as u32).ok_or(
             Error::Shape {
@@ -260,73 +213,6 @@ mod tests {
     }
 
     #[test]
-    fn dispatch_follows_compute_capability_shape_and_option() {
-        let ok = shape(64, 128, 256);
-        let h32 = shape(32, 128, 384);
-        let off = [
-            shape(16, 128, 128),
-            shape(64, 64, 128),
-            shape(64, 128, 512),
-            shape(128, 128, 128),
-        ];
-        for (maj, min) in [(10, 0), (10, 3)] {
-            assert_eq!(
-                select_backend(maj, min, &ok, Backend::Auto).unwrap(),
-                Backend::Blackwell
-            );
-            assert_eq!(
-                select_backend(maj, min, &h32, Backend::Auto).unwrap(),
-                Backend::Blackwell
-            );
-            assert_eq!(
-                select_backend(maj, min, &ok, Backend::Hopper).unwrap(),
-                Backend::Hopper
-            );
-            assert_eq!(
-                select_backend(maj, min, &ok, Backend::Blackwell).unwrap(),
-                Backend::Blackwell
-            );
-            for s in &off {
-                assert_eq!(
-                    select_backend(maj, min, s, Backend::Auto).unwrap(),
-                    Backend::Hopper,
-                    "{s:?}"
-                );
-                assert!(matches!(
-                    select_backend(maj, min, s, Backend::Blackwell),
-                    Err(Error::BackendUnavailable { major: 10, .. })
-                ));
-            }
-        }
-        for min in [0, 9] {
-            assert_eq!(
-                select_backend(9, min, &ok, Backend::Auto).unwrap(),
-                Backend::Hopper
-            );
-            assert_eq!(
-                select_backend(9, min, &ok, Backend::Hopper).unwrap(),
-                Backend::Hopper
-            );
-            assert!(matches!(
-                select_backend(9, min, &ok, Backend::Blackwell),
-                Err(Error::BackendUnavailable { major: 9, .. })
-            ));
-        }
-        // Other Blackwell-generation parts the sm_100a PTX does not target.
-        assert_eq!(
-            select_backend(10, 1, &ok, Backend::Auto).unwrap(),
-            Backend::Hopper
-        );
-        assert!(select_backend(10, 1, &ok, Backend::Blackwell).is_err());
-        for (maj, min) in [(8, 0), (12, 0)] {
-            assert!(matches!(
-                select_backend(maj, min, &ok, Backend::Auto),
-                Err(Error::UnsupportedDevice { .. })
-            ));
-        }
-    }
-
-    #[test]
     fn q_rows_must_fit_a_tma_coordinate() {
         let big = Shape {
             batch: 1,
@@ -335,10 +221,6 @@ mod tests {
         };
         assert!(blackwell_shape_gap(&big).is_some());
         assert!(blackwell_shape_gap(&shape(64, 128, 128)).is_none());
-        assert!(matches!(
-            select_backend(10, 0, &big, Backend::Blackwell),
-            Err(Error::BackendUnavailable { .. })
-        ));
     }
 
     #[test]

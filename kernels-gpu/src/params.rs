@@ -157,8 +157,8 @@ pub const CEIL_BULK_SMEM_BYTES: u32 = CEIL_BULK_THREADS * CEIL_ROW * 4;
 /// Independent MMA chains per warp in the MMA ceiling kernel.
 pub const CEIL_MMA_CHAINS: u32 = 8;
 
-/// Parameters of the sm_100a tcgen05 smoke kernel (compiled and assembled
-/// for sm_100a, not executed): `out = a * b^T` for a 128 x 16 bf16 `a` and a
+/// Parameters of the sm_100f tcgen05 smoke kernel (compiled and assembled
+/// for sm_100f, not executed): `out = a * b^T` for a 128 x 16 bf16 `a` and a
 /// 64 x 16 bf16 `b` (both row-major), f32 `out` 128 x 64; when `tmap` is
 /// non-zero, `b`'s rows are fetched with a TMA gather4 through that tensor
 /// map instead.
@@ -175,7 +175,7 @@ pub struct Sm100SmokeParams {
     pub tmap: u64,
 }
 
-/// Name of the sm_100a smoke kernel (only in the sm_100a PTX).
+/// Name of the sm_100f smoke kernel (only in the sm_100f PTX).
 pub const SM100_SMOKE_KERNEL: &str = "sm100_tcgen05_smoke";
 
 /// A `CUtensorMap` (the driver's opaque 128-byte tensor map, which must be
@@ -193,8 +193,8 @@ pub const SM100_SMOKE_KERNEL: &str = "sm100_tcgen05_smoke";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TensorMap(pub [u64; 16]);
 
-/// Parameters of the sm_100a stage-2 kernels (`sm100_stage2_*`; compiled
-/// and assembled for sm_100a, not executed). The tensor maps come first
+/// Parameters of the sm_100f stage-2 kernels (`sm100_stage2_*`; compiled
+/// and assembled for sm_100f, not executed). The tensor maps come first
 /// (parameter offsets 0 and 128, 64-byte aligned).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -213,7 +213,7 @@ pub struct Sm100Params {
 /// Alignment of a tensor map in the kernel parameter space.
 pub const TENSOR_MAP_ALIGN: u32 = 64;
 /// The kernels taking [`Sm100Params`], whose parameter alignment the link
-/// step raises to [`TENSOR_MAP_ALIGN`] (sm_100a PTX only).
+/// step raises to [`TENSOR_MAP_ALIGN`] (sm_100f PTX only).
 pub const SM100_STAGE2_KERNELS: [&str; 6] = [
     "sm100_stage2_t128_h32",
     "sm100_stage2_t128_h64",
@@ -299,7 +299,7 @@ pub const fn sm100_stage2_kernel_name(topk: u32, heads: u32) -> Option<&'static 
     })
 }
 
-/// Launch bounds of the sm_100a-only kernels (written into the sm_100a PTX
+/// Launch bounds of the sm_100f-only kernels (written into the sm_100f PTX
 /// only, see [`LAUNCH_BOUNDS`]): one persistent stage-2 CTA per SM.
 pub const SM100_LAUNCH_BOUNDS: [(&str, u32, u32); 6] = [
     ("sm100_stage2_t128_h32", SM100_STAGE2_THREADS, 1),
@@ -355,8 +355,8 @@ pub const fn grad_kernel_name(heads: u32, dim: u32) -> Option<&'static str> {
 /// registers; each thread keeps 16 scores in flight and in registers, which
 /// spilled under the 64 of four): it is bound by memory latency and
 /// bandwidth and wants many loads in flight. Applied
-/// as given for sm_90a; the sm_100a build asks for one CTA everywhere (not
-/// tuned there).
+/// as given for sm_90a; the sm_100f and portable sm_90 builds ask for one
+/// CTA everywhere (not tuned there).
 pub const LAUNCH_BOUNDS: [(&str, u32, u32); 9] = [
     (STAGE1_KERNEL, STAGE1_THREADS, 3),
     ("indexer_bwd_rows_h16_d64", 256, 2),

@@ -1,5 +1,5 @@
 //! Score-gradient math shared by the row kernel (`grad.rs`) and the
-//! sm_100a stage-1 kernel: the clip constant, an f32 `exp`, the per-slot
+//! sm_100f stage-1 kernel: the clip constant, an f32 `exp`, the per-slot
 //! terms of stage 1 and key-id resolution. Plain Rust, so the host unit
 //! tests below check it against `std` as well.
 

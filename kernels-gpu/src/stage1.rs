@@ -1,5 +1,5 @@
 //! Stage 1 of the two-launch paths (the Hopper fast path, and the
-//! Blackwell path, compiled and assembled for sm_100a but not executed):
+//! Blackwell path, compiled and assembled for sm_100f but not executed):
 //! the score gradient (grad_signal, written in place over `attn_score`),
 //! with the zeroing of the f32 dK accumulator fused into the same launch.
 //! The persistent stage-2 kernels are launched as its programmatic

@@ -1,8 +1,10 @@
-//! Backend selection on the GPU present: on sm_90 the plan runs the
-//! `mma.sync` row kernels and forcing the (sm_100a-only, not executed)
-//! tcgen05 backend is a typed error from `Plan::new`.
+//! Backend selection on the GPU present: the plan takes the module and the
+//! backend `select` gives for its compute capability; `Auto` keeps the
+//! tested kernels wherever the tcgen05 path has no recorded hardware
+//! validation, and forcing the tcgen05 backend where it cannot run is a
+//! typed error from `Plan::new`.
 
-use dsa_indexer_bwd::{Backend, Error, Options, Plan, Shape};
+use dsa_indexer_bwd::{select, Backend, Error, Options, Plan, Shape, TCGEN05_VALIDATED};
 use indexer_tests::gpu;
 
 #[test]
@@ -32,17 +34,31 @@ fn backend_follows_compute_capability_and_forcing_is_checked() {
     let auto = forced(Backend::Auto).expect("plan");
     let hopper = forced(Backend::Hopper).expect("plan");
     assert_eq!(hopper.backend(), Backend::Hopper);
-    if major == 9 {
+    let sel = select(major, minor, &shape, Backend::Auto).unwrap();
+    println!(
+        "compute capability {major}.{minor}: module {}, auto chose {:?}",
+        sel.module.target(),
+        auto.backend()
+    );
+    assert_eq!(auto.backend(), sel.backend);
+    if !TCGEN05_VALIDATED.contains(&(major, minor)) {
         assert_eq!(auto.backend(), Backend::Hopper);
+    }
+    match select(major, minor, &shape, Backend::Blackwell) {
+        Ok(_) => assert_eq!(
+            forced(Backend::Blackwell).expect("plan").backend(),
+            Backend::Blackwell
+        ),
+        Err(_) => assert!(matches!(
+            forced(Backend::Blackwell),
+            Err(Error::BackendUnavailable { .. })
+        )),
+    }
+    if major == 9 {
         assert!(matches!(
             forced(Backend::Blackwell),
             Err(Error::BackendUnavailable { major: 9, .. })
         ));
-    } else {
-        println!(
-            "compute capability {major}.{minor}: auto chose {:?}",
-            auto.backend()
-        );
     }
     // An unsupported shape can never be forced onto the tcgen05 kernels.
     let odd = Shape { topk: 100, ..shape };

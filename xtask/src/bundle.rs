@@ -49,8 +49,8 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     )? {
         copy_into(&exe, &out.join("bin"))?;
     }
-    for (arch, _) in crate::ptx::ARCHS {
-        copy_into(&crate::ptx::ptx_path(&root, arch), &out.join("ptx"))?;
+    for a in &crate::ptx::ARCHS {
+        copy_into(&crate::ptx::ptx_path(&root, a.target), &out.join("ptx"))?;
     }
     let run = out.join("run.sh");
     std::fs::write(&run, RUN_SH).map_err(|e| e.to_string())?;

@@ -709,13 +709,14 @@ mod tests {
     /// this catches a committed file that differs from it).
     #[test]
     fn the_committed_ptx_passes() {
-        for (arch, _) in crate::ptx::ARCHS {
+        for arch in crate::ptx::ARCHS.map(|a| a.target) {
             let path = crate::ptx::ptx_path(&crate::util::repo_root(), arch);
             let text = std::fs::read_to_string(&path).unwrap();
             let f = check(&text);
             assert!(f.is_empty(), "{arch}: {}", f.len());
-            // The check saw the kernels and their collectives.
-            assert!(functions(&text).len() > 10, "{arch}");
+            // The check parsed every kernel.
+            let entries = text.matches(".entry ").count();
+            assert!(entries > 0 && functions(&text).len() >= entries, "{arch}");
         }
     }
 }

@@ -139,16 +139,17 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
     )?;
     let ptx = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
     // The occupancy targets were tuned and measured on sm_90a; elsewhere
-    // (sm_100a, not executed) ask for one CTA per SM so ptxas keeps its
-    // register freedom (with two, the H=64 D=128 kernel spills there).
+    // (sm_100f, not executed; the portable sm_90 file, which only GPUs
+    // other than sm_90 load) ask for one CTA per SM so ptxas keeps its
+    // register freedom (with two, the H=64 D=128 kernel spills on sm_100).
     // Kernels that exist in one target's PTX only (the wgmma kernel in
-    // sm_90a, the tcgen05 kernels in sm_100a) add their own bounds.
+    // sm_90a, the tcgen05 kernels in sm_100f) add their own bounds.
     let mut bounds: Vec<_> = kernels_gpu::params::LAUNCH_BOUNDS
         .map(|(n, t, c)| (n, t, if cpu == "sm_90a" { c } else { 1 }))
         .to_vec();
     match cpu.as_str() {
         "sm_90a" => bounds.extend(kernels_gpu::params::SM90_LAUNCH_BOUNDS),
-        "sm_100a" => bounds.extend(kernels_gpu::params::SM100_LAUNCH_BOUNDS),
+        "sm_100f" => bounds.extend(kernels_gpu::params::SM100_LAUNCH_BOUNDS),
         _ => {}
     }
     let exact: &[&str] = if cpu == "sm_90a" {
@@ -158,8 +159,8 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
     };
     let ptx = add_launch_bounds(&ptx, &bounds, exact)?;
 
-    // sm_100a: 64-byte alignment of the parameter holding tensor maps.
-    let ptx = if cpu == "sm_100a" {
+    // sm_100f: 64-byte alignment of the parameter holding tensor maps.
+    let ptx = if cpu == "sm_100f" {
         align_first_param(
             &ptx,
             &kernels_gpu::params::SM100_STAGE2_KERNELS,

@@ -12,6 +12,8 @@
 
 mod bundle;
 mod converge;
+#[cfg(test)]
+mod descriptors;
 mod link;
 mod ptx;
 mod util;

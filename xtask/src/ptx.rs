@@ -6,9 +6,48 @@ use crate::util;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// One PTX file per target: (arch, PTX ISA feature for llc).
-/// sm_100a instructions need PTX ISA 8.6.
-pub const ARCHS: [(&str, &str); 2] = [("sm_90a", "+ptx81"), ("sm_100a", "+ptx86")];
+/// One committed PTX file: how it is built and what `ptxas` checks it for.
+pub struct Arch {
+    /// `.target` of the file: rustc's `-Ctarget-cpu`, the `kernels_arch`
+    /// cfg value the kernels are gated on, and the file name
+    /// (`kernels_<target>.ptx`).
+    pub target: &'static str,
+    /// PTX ISA version feature for `llc`.
+    pub ptx_feature: &'static str,
+    /// GPU targets `ptxas` assembles the file for: the devices whose driver
+    /// JIT-compiles it (each must assemble with no spills and no stack).
+    pub assemble_for: &'static [&'static str],
+}
+
+/// The committed PTX files (the host picks one by exact compute
+/// capability, `host/src/gpu.rs`):
+/// - `sm_90a` (H100/H200): every Hopper kernel, wgmma included.
+/// - `sm_100f` (the sm_100 family: B200/GB200 at 10.0, B300/GB300 at
+///   10.3): the tcgen05 kernels and the `mma.sync` row kernels. A family
+///   target needs PTX ISA 8.8; `ptxas` accepts `tcgen05.*` and
+///   `tile::gather4` there and compiles the file for both `sm_100` and
+///   `sm_103` (`docs/sm100-design.md`, "Targets").
+/// - `sm_90` (no architecture-specific features): stage 1, the `mma.sync`
+///   row kernels and the cast, which the driver JIT-compiles on any other
+///   GPU of compute capability 9.0 or newer; assembled here for the first
+///   such targets that have no module of their own.
+pub const ARCHS: [Arch; 3] = [
+    Arch {
+        target: "sm_90a",
+        ptx_feature: "+ptx81",
+        assemble_for: &["sm_90a"],
+    },
+    Arch {
+        target: "sm_100f",
+        ptx_feature: "+ptx88",
+        assemble_for: &["sm_100", "sm_103"],
+    },
+    Arch {
+        target: "sm_90",
+        ptx_feature: "+ptx81",
+        assemble_for: &["sm_90", "sm_120"],
+    },
+];
 
 /// `nvidia-cuda-nvcc` wheel that provides `ptxas` (pinned for reproducible checks).
 pub const PTXAS_PACKAGE: &str = "nvidia-cuda-nvcc==13.0.88";
@@ -156,7 +195,8 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
     let llvm_bin = ensure_toolchain(&nightly)?;
     let ptxas = ensure_ptxas(&root)?;
     let mut stale = Vec::new();
-    for (arch, feature) in ARCHS {
+    for a in &ARCHS {
+        let (arch, feature) = (a.target, a.ptx_feature);
         util::step(&format!("building kernels-gpu for {arch} ({feature})"));
         let text = build_arch(&root, &nightly, &llvm_bin, arch, feature)?;
         let dest = ptx_path(&root, arch);
@@ -181,7 +221,9 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
         println!("convergence {arch}: no collective in lane-divergent code");
         let tmp = root.join("target/ptx").join(format!("check_{arch}.ptx"));
         std::fs::write(&tmp, &text).map_err(|e| e.to_string())?;
-        assemble(&ptxas, &tmp, arch)?;
+        for gpu in a.assemble_for {
+            assemble(&ptxas, &tmp, gpu)?;
+        }
     }
     if !stale.is_empty() {
         return Err(format!(

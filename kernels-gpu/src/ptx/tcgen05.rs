@@ -1,6 +1,6 @@
-//! Blackwell tensor-core generation 5 (`tcgen05`, sm_100a): tensor-memory
+//! Blackwell tensor-core generation 5 (`tcgen05`, sm_100f): tensor-memory
 //! allocation, MMA with the accumulator in tensor memory, commit to an
-//! mbarrier, and tensor-memory loads. **Compiled and assembled for sm_100a,
+//! mbarrier, and tensor-memory loads. **Compiled and assembled for sm_100f,
 //! not executed** (no such GPU has been available).
 //!
 //! Tensor-memory addresses: bits 31..16 lane, bits 15..0 column.

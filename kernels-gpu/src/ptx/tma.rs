@@ -19,9 +19,9 @@ pub unsafe fn arrive_expect_tx(bar: SmemAddr, bytes: u32) {
 }
 
 /// `cp.async.bulk.tensor.2d.shared::cta.global.tile::gather4.mbarrier::complete_tx::bytes`
-/// (sm_100a): four rows `rows` of a 2D tensor map, starting at column `col`,
+/// (sm_100f): four rows `rows` of a 2D tensor map, starting at column `col`,
 /// land contiguously at `dst`; out-of-bounds rows are zero-filled. The bytes
-/// count toward `bar`'s transaction count. **Compiled for sm_100a, not
+/// count toward `bar`'s transaction count. **Compiled for sm_100f, not
 /// executed.**
 ///
 /// # Safety
@@ -46,7 +46,7 @@ pub unsafe fn gather4(dst: SmemAddr, tmap: *const u8, col: i32, rows: [i32; 4], 
 /// one box of a 2D tensor map whose first element is at `(c0, c1)`
 /// (innermost coordinate first) lands at `dst`, laid out (and swizzled) as
 /// the map says; out-of-bounds elements are zero-filled. The bytes count
-/// toward `bar`'s transaction count. **Compiled for sm_100a, not executed.**
+/// toward `bar`'s transaction count. **Compiled for sm_100f, not executed.**
 ///
 /// # Safety
 /// `tmap` is the generic address of a valid 64-byte aligned `CUtensorMap`
@@ -73,7 +73,7 @@ pub unsafe fn load_2d(dst: SmemAddr, tmap: u64, c0: i32, c1: i32, bar: SmemAddr)
 /// `__grid_constant__`) is handed to `cp.async.bulk.tensor`, whose
 /// `tensorMap` operand is a generic address into the parameter space.
 /// Use it only inside the kernel it names; the result is read-only memory.
-#[cfg(kernels_arch = "sm_100a")]
+#[cfg(kernels_arch = "sm_100f")]
 macro_rules! param0_generic_addr {
     ($kernel:expr) => {{
         let r: u64;
@@ -89,5 +89,5 @@ macro_rules! param0_generic_addr {
         r
     }};
 }
-#[cfg(kernels_arch = "sm_100a")]
+#[cfg(kernels_arch = "sm_100f")]
 pub(crate) use param0_generic_addr;

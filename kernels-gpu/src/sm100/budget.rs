@@ -1,4 +1,4 @@
-//! Tensor-memory and shared-memory budgets of the planned sm_100a stage-2
+//! Tensor-memory and shared-memory budgets of the planned sm_100f stage-2
 //! kernel, as compile-time constants with asserts.
 //!
 //! Per 128-slot chunk of one query row (H = 64 heads, padded to the M = 64

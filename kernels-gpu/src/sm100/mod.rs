@@ -1,7 +1,7 @@
-//! Blackwell (sm_100a) path. **Compiled and assembled for sm_100a, not
+//! Blackwell (sm_100f) path. **Compiled and assembled for sm_100f, not
 //! executed** (no such GPU has been available).
 //!
-//! Device kernels (sm_100a builds only; stage 1 is the shared
+//! Device kernels (sm_100f builds only; stage 1 is the shared
 //! `crate::stage1` kernel, launched first): `stage2` (persistent, warp-specialized tcgen05 kernel), whose
 //! roles live one per module: `load` (TMA gather4 of K rows), `mma` (the
 //! single issuing thread), `compute` (gate, dS, d_weights, dQ epilogue),
@@ -32,17 +32,17 @@ pub mod sched;
 pub mod tmap;
 pub mod tmem;
 
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod compute;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod dev;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod load;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod mma;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod reduce;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod smoke;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod stage2;

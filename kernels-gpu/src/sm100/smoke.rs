@@ -1,8 +1,8 @@
-//! sm_100a smoke kernel: one `tcgen05.mma` (M = 128, N = 64, K = 16, bf16 ->
+//! sm_100f smoke kernel: one `tcgen05.mma` (M = 128, N = 64, K = 16, bf16 ->
 //! f32) from canonical K-major shared-memory tiles into tensor memory, read
 //! back with `tcgen05.ld`. It exists so that ptxas checks the tcgen05 and
 //! gather4 wrappers and the descriptor encoders in every CI run.
-//! **Compiled and assembled for sm_100a, not executed.**
+//! **Compiled and assembled for sm_100f, not executed.**
 
 use crate::params::Sm100SmokeParams;
 use crate::ptx::tcgen05::{self, TmemAddr};

@@ -1,5 +1,5 @@
-//! sm_100a stage 2: the persistent, warp-specialized tcgen05 kernel.
-//! **Compiled and assembled for sm_100a, not executed** (no such GPU has
+//! sm_100f stage 2: the persistent, warp-specialized tcgen05 kernel.
+//! **Compiled and assembled for sm_100f, not executed** (no such GPU has
 //! been available).
 //!
 //! One CTA per SM walks its query rows (`sched::rows_of`), each row in

@@ -1,4 +1,4 @@
-//! Tensor-map geometry for the sm_100a path's TMA loads, as plain Rust the
+//! Tensor-map geometry for the sm_100f path's TMA loads, as plain Rust the
 //! host turns into `cuTensorMapEncodeTiled` arguments, plus the shared-memory
 //! image that TMA's 128-byte swizzle produces (which is the canonical
 //! K-major `Swizzle::B128` operand layout of `tcgen05.mma`).

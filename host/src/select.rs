@@ -1,0 +1,385 @@
+//! What a plan runs on a GPU, decided from its compute capability, the
+//! shape and `Options::backend` alone (no CUDA call), so that the whole
+//! table (on [`select`]) is unit-tested without a GPU.
+
+use crate::error::{Error, Result};
+use crate::gpu::PtxModule;
+use crate::shape::{Backend, Shape};
+use crate::sm100::blackwell_shape_gap;
+use kernels_gpu::sm90;
+
+/// Compute capabilities `(major, minor)` on which the tcgen05 (Blackwell)
+/// path has a recorded hardware validation: its kernels run with
+/// `Backend::Blackwell` on a GPU of that capability and matched the CPU
+/// reference within SPEC's tolerances, with the run recorded (date, GPU,
+/// driver, commit, results) in `docs/sm100-design.md`.
+///
+/// Empty: no sm_100-family GPU has been available, so the tcgen05 path is
+/// compiled and assembled, never executed. [`Backend::Auto`] therefore
+/// keeps every GPU on the kernels tested on the H200 (the wgmma fast path
+/// on 9.0; elsewhere the `mma.sync` row kernels, the same source compiled
+/// into that GPU's module); `Options { backend: Backend::Blackwell, .. }`
+/// opts in to the tcgen05 kernels explicitly.
+pub const TCGEN05_VALIDATED: &[(i32, i32)] = &[];
+
+/// The kernels of one plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Selection {
+    /// The PTX module loaded for the GPU.
+    pub module: PtxModule,
+    /// [`Backend::Hopper`] (wgmma fast path or `mma.sync` row kernels) or
+    /// [`Backend::Blackwell`] (tcgen05), never `Auto`.
+    pub backend: Backend,
+    /// Whether the Hopper backend takes the wgmma fast path (stage-1
+    /// launch, then the persistent warpgroup-MMA kernels); only where the
+    /// module holds them.
+    pub wgmma: bool,
+}
+
+/// The module, backend and fast-path choice of a plan for `shape` on a GPU
+/// of compute capability `major.minor`, as [`TCGEN05_VALIDATED`] stands
+/// (empty today):
+///
+/// | compute capability | PTX module | `Auto` | `Hopper` | `Blackwell` |
+/// |---|---|---|---|---|
+/// | below 9.0 | none | [`Error::UnsupportedDevice`] | same | same |
+/// | 9.0 (H100, H200) | `sm_90a` | wgmma fast path or row kernels | same | [`Error::BackendUnavailable`] |
+/// | 10.0, 10.3 (B200/GB200, B300/GB300) | `sm_100f` | row kernels (tcgen05 only if listed in [`TCGEN05_VALIDATED`]) | row kernels | tcgen05 kernels for the shapes they take, else [`Error::BackendUnavailable`] |
+/// | any other >= 9.0 (11.0, 12.0, 12.1, ...) | `sm_90` (portable, JIT-compiled) | row kernels | row kernels | [`Error::BackendUnavailable`] |
+///
+/// "Row kernels" are the `mma.sync` kernels (one CTA per query row), which
+/// every module holds; the wgmma fast path (H = 64, D = 128, topk > 64) is
+/// in the `sm_90a` module only.
+pub fn select(major: i32, minor: i32, shape: &Shape, requested: Backend) -> Result<Selection> {
+    select_with(major, minor, shape, requested, TCGEN05_VALIDATED)
+}
+
+/// The backend a plan uses on a GPU of compute capability `major.minor`:
+/// [`Backend::Hopper`] (the tested wgmma / `mma.sync` kernels) or
+/// [`Backend::Blackwell`] (the tcgen05 kernels), never `Auto`.
+///
+/// - below 9.0: [`Error::UnsupportedDevice`] whatever was requested;
+/// - `Hopper`: Hopper on every supported GPU;
+/// - `Auto`: Blackwell only on a capability listed in
+///   [`TCGEN05_VALIDATED`] (none today) whose module holds the tcgen05
+///   kernels, for a shape they take; Hopper everywhere else;
+/// - `Blackwell`: Blackwell on 10.0 and 10.3 for a shape the tcgen05
+///   kernels take, otherwise [`Error::BackendUnavailable`] naming the gap.
+pub fn select_backend(
+    major: i32,
+    minor: i32,
+    shape: &Shape,
+    requested: Backend,
+) -> Result<Backend> {
+    Ok(select(major, minor, shape, requested)?.backend)
+}
+
+fn select_with(
+    major: i32,
+    minor: i32,
+    shape: &Shape,
+    requested: Backend,
+    validated: &[(i32, i32)],
+) -> Result<Selection> {
+    let module = PtxModule::for_capability(major, minor)?;
+    let unavailable = |reason| Error::BackendUnavailable {
+        backend: Backend::Blackwell.name(),
+        reason,
+        major,
+        minor,
+    };
+    let backend = match requested {
+        Backend::Hopper => Backend::Hopper,
+        Backend::Auto => {
+            if module.has_tcgen05()
+                && validated.contains(&(major, minor))
+                && blackwell_shape_gap(shape).is_none()
+            {
+                Backend::Blackwell
+            } else {
+                Backend::Hopper
+            }
+        }
+        Backend::Blackwell => {
+            if !module.has_tcgen05() {
+                return Err(unavailable(
+                    "the tcgen05 kernels need an sm_100 or sm_103 GPU",
+                ));
+            }
+            if let Some(reason) = blackwell_shape_gap(shape) {
+                return Err(unavailable(reason));
+            }
+            Backend::Blackwell
+        }
+    };
+    let wgmma = backend == Backend::Hopper
+        && module.has_wgmma()
+        && (shape.heads, shape.head_dim) == (sm90::HEADS as usize, sm90::DIM as usize)
+        && sm90::supports(shape.rows() as u64, shape.topk as u64);
+    Ok(Selection {
+        module,
+        backend,
+        wgmma,
+    })
+}
+
+/// Checks that `kernel`, which needs `required` bytes of dynamic shared
+/// memory per block, fits the `available` bytes a GPU of compute capability
+/// `cc` offers a block (its opt-in maximum): otherwise
+/// [`Error::SharedMemory`] names both, where the driver would only refuse
+/// the launch configuration.
+pub fn check_shared_memory(
+    kernel: &'static str,
+    required: u32,
+    available: i32,
+    cc: (i32, i32),
+) -> Result<()> {
+    if i64::from(required) <= i64::from(available) {
+        Ok(())
+    } else {
+        Err(Error::SharedMemory {
+            kernel,
+            required,
+            available: available.max(0) as u32,
+            major: cc.0,
+            minor: cc.1,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(heads: usize, head_dim: usize, topk: usize) -> Shape {
+        Shape {
+            batch: 2,
+            seq_q: 100,
+            seq_k: 300,
+            heads,
+            head_dim,
+            topk,
+        }
+    }
+
+    /// A shape the tcgen05 kernels and the wgmma fast path both take.
+    fn both() -> Shape {
+        shape(64, 128, 256)
+    }
+
+    /// What a plan for [`both`] runs: `(module, Auto, Hopper, Blackwell)`,
+    /// each a backend plus the fast-path flag, or `None` for an error.
+    type Row = (
+        PtxModule,
+        (Backend, bool),
+        (Backend, bool),
+        Option<(Backend, bool)>,
+    );
+
+    fn row(major: i32, minor: i32, validated: &[(i32, i32)]) -> Result<Row> {
+        let s = both();
+        let pick = |b| {
+            select_with(major, minor, &s, b, validated).map(|x| {
+                assert_eq!(x.module, PtxModule::for_capability(major, minor).unwrap());
+                (x.backend, x.wgmma)
+            })
+        };
+        Ok((
+            PtxModule::for_capability(major, minor)?,
+            pick(Backend::Auto)?,
+            pick(Backend::Hopper)?,
+            match pick(Backend::Blackwell) {
+                Ok(b) => Some(b),
+                Err(Error::BackendUnavailable {
+                    major: ma,
+                    minor: mi,
+                    ..
+                }) => {
+                    assert_eq!((ma, mi), (major, minor));
+                    None
+                }
+                Err(e) => panic!("{major}.{minor}: {e}"),
+            },
+        ))
+    }
+
+    #[test]
+    fn selection_table_by_compute_capability() {
+        use Backend::{Blackwell, Hopper};
+        let wgmma = (Hopper, true);
+        let rows = (Hopper, false);
+        let tc = (Blackwell, false);
+        let expected: [((i32, i32), Option<Row>); 7] = [
+            ((8, 9), None),
+            ((9, 0), Some((PtxModule::Sm90a, wgmma, wgmma, None))),
+            ((10, 0), Some((PtxModule::Sm100f, rows, rows, Some(tc)))),
+            ((10, 3), Some((PtxModule::Sm100f, rows, rows, Some(tc)))),
+            ((11, 0), Some((PtxModule::Portable, rows, rows, None))),
+            ((12, 0), Some((PtxModule::Portable, rows, rows, None))),
+            ((12, 1), Some((PtxModule::Portable, rows, rows, None))),
+        ];
+        for ((major, minor), want) in expected {
+            match (row(major, minor, TCGEN05_VALIDATED), want) {
+                (Ok(got), Some(want)) => assert_eq!(got, want, "{major}.{minor}"),
+                (
+                    Err(Error::UnsupportedDevice {
+                        major: ma,
+                        minor: mi,
+                    }),
+                    None,
+                ) => {
+                    assert_eq!((ma, mi), (major, minor));
+                    // The message names the capability.
+                    let msg = Error::UnsupportedDevice { major, minor }.to_string();
+                    assert!(msg.contains(&format!("{major}.{minor}")), "{msg}");
+                }
+                (got, want) => panic!("{major}.{minor}: got {got:?}, want {want:?}"),
+            }
+        }
+        // The public entry points follow the same table.
+        assert_eq!(
+            select_backend(10, 0, &both(), Backend::Auto).unwrap(),
+            Hopper
+        );
+        assert_eq!(
+            select(9, 0, &both(), Backend::Auto).unwrap(),
+            Selection {
+                module: PtxModule::Sm90a,
+                backend: Hopper,
+                wgmma: true
+            }
+        );
+    }
+
+    #[test]
+    fn auto_takes_tcgen05_only_where_a_validation_is_recorded() {
+        // Today: nowhere.
+        assert!(TCGEN05_VALIDATED.is_empty());
+        for (major, minor) in [(10, 0), (10, 3)] {
+            assert_eq!(
+                select(major, minor, &both(), Backend::Auto)
+                    .unwrap()
+                    .backend,
+                Backend::Hopper
+            );
+        }
+        // With a record for 10.0 only: Auto takes tcgen05 there, for the
+        // shapes it has, and nowhere else.
+        let v = [(10, 0)];
+        let auto = |major, minor, s: &Shape| {
+            select_with(major, minor, s, Backend::Auto, &v)
+                .unwrap()
+                .backend
+        };
+        assert_eq!(auto(10, 0, &both()), Backend::Blackwell);
+        assert_eq!(auto(10, 0, &shape(32, 128, 384)), Backend::Blackwell);
+        assert_eq!(auto(10, 0, &shape(64, 128, 512)), Backend::Hopper);
+        assert_eq!(auto(10, 3, &both()), Backend::Hopper);
+        // A recorded capability whose module has no tcgen05 kernels cannot
+        // send Auto to them.
+        let v = [(9, 0), (12, 0)];
+        for (major, minor) in v {
+            let s = select_with(major, minor, &both(), Backend::Auto, &v).unwrap();
+            assert_eq!(s.backend, Backend::Hopper, "{major}.{minor}");
+        }
+        // Hopper stays Hopper whatever is recorded.
+        let s = select_with(10, 0, &both(), Backend::Hopper, &[(10, 0)]).unwrap();
+        assert_eq!((s.backend, s.wgmma), (Backend::Hopper, false));
+    }
+
+    #[test]
+    fn forcing_blackwell_checks_the_gpu_and_the_shape() {
+        let off = [
+            shape(16, 128, 128),
+            shape(64, 64, 128),
+            shape(64, 128, 512),
+            shape(128, 128, 128),
+        ];
+        for (major, minor) in [(10, 0), (10, 3)] {
+            assert_eq!(
+                select_backend(major, minor, &shape(32, 128, 384), Backend::Blackwell).unwrap(),
+                Backend::Blackwell
+            );
+            for s in &off {
+                assert_eq!(
+                    select_backend(major, minor, s, Backend::Auto).unwrap(),
+                    Backend::Hopper,
+                    "{s:?}"
+                );
+                assert!(matches!(
+                    select_backend(major, minor, s, Backend::Blackwell),
+                    Err(Error::BackendUnavailable { major: 10, .. })
+                ));
+            }
+        }
+        // Blackwell-generation parts outside the sm_100 family.
+        for (major, minor) in [(10, 1), (11, 0), (12, 0), (12, 1)] {
+            assert_eq!(
+                select_backend(major, minor, &both(), Backend::Auto).unwrap(),
+                Backend::Hopper
+            );
+            assert!(matches!(
+                select_backend(major, minor, &both(), Backend::Blackwell),
+                Err(Error::BackendUnavailable { .. })
+            ));
+        }
+        let big = Shape {
+            batch: 1,
+            seq_q: (1 << 25) + 1,
+            ..shape(64, 128, 128)
+        };
+        assert!(matches!(
+            select_backend(10, 0, &big, Backend::Blackwell),
+            Err(Error::BackendUnavailable { .. })
+        ));
+    }
+
+    #[test]
+    fn row_kernels_must_fit_the_shared_memory_of_a_block() {
+        use kernels_gpu::params::{grad_kernel_name, SUPPORTED_DIMS, SUPPORTED_HEADS};
+        use kernels_gpu::tiles::RowSmem;
+        // Opt-in shared memory per block: 227 KiB on 9.0 and 10.x, 99 KiB
+        // on 12.x (CUDA programming guide, compute capabilities table).
+        const HOPPER: i32 = 227 * 1024;
+        const GEFORCE_BLACKWELL: i32 = 99 * 1024;
+        for h in SUPPORTED_HEADS {
+            for d in SUPPORTED_DIMS {
+                let name = grad_kernel_name(h, d).unwrap();
+                let bytes = RowSmem::new(h, d).bytes;
+                assert!(check_shared_memory(name, bytes, HOPPER, (9, 0)).is_ok());
+                let small = check_shared_memory(name, bytes, GEFORCE_BLACKWELL, (12, 0));
+                // Only H = 128, D = 128 (124.5 KiB) exceeds 99 KiB.
+                assert_eq!(small.is_err(), (h, d) == (128, 128), "{name}");
+                if let Err(e) = small {
+                    assert!(matches!(
+                        e,
+                        Error::SharedMemory {
+                            required: 127488,
+                            available: 101376,
+                            major: 12,
+                            minor: 0,
+                            ..
+                        }
+                    ));
+                    let msg = e.to_string();
+                    assert!(msg.contains(name) && msg.contains("12.0"), "{msg}");
+                }
+            }
+        }
+        assert!(check_shared_memory("k", 1, -1, (12, 0)).is_err());
+    }
+
+    #[test]
+    fn the_fast_path_follows_the_module_and_the_shape() {
+        // sm_90a only, H = 64, D = 128, more than one 64-slot chunk per row.
+        let fast =
+            |major, minor, s: &Shape| select(major, minor, s, Backend::Hopper).unwrap().wgmma;
+        assert!(fast(9, 0, &shape(64, 128, 65)));
+        assert!(!fast(9, 0, &shape(64, 128, 64)));
+        assert!(!fast(9, 0, &shape(32, 128, 256)));
+        assert!(!fast(9, 0, &shape(64, 64, 256)));
+        for (major, minor) in [(9, 5), (10, 0), (10, 3), (11, 0), (12, 0), (13, 0)] {
+            assert!(!fast(major, minor, &both()), "{major}.{minor}");
+        }
+    }
+}
