@@ -114,6 +114,15 @@ pub enum Error {
         /// Minor compute capability.
         minor: i32,
     },
+    /// The PTX override (`INDEXER_PTX_DIR`, bring-up and debugging only)
+    /// could not be read.
+    #[error("{path}: {reason} (PTX override, INDEXER_PTX_DIR)")]
+    PtxOverride {
+        /// The file the override points to.
+        path: String,
+        /// The IO error.
+        reason: String,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver error: {0}")]
     Driver(#[from] DriverError),

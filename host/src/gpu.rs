@@ -92,10 +92,33 @@ impl PtxModule {
     }
 
     /// Loads the module into `ctx` (the driver JIT-compiles it for the GPU).
+    ///
+    /// With the environment variable [`PTX_DIR_ENV`] set, the text is read
+    /// from `$INDEXER_PTX_DIR/kernels_<target>.ptx` instead of the embedded
+    /// copy (bring-up and debugging: the GPU bundle's watchdog build lives
+    /// in `ptx-watchdog/`); a module that holds the watchdog's
+    /// configuration is then armed ([`crate::watchdog::arm`]).
     pub fn load(self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
-        Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_src(self.ptx()))?)
+        let module = match std::env::var_os(PTX_DIR_ENV) {
+            Some(dir) => {
+                let path =
+                    std::path::Path::new(&dir).join(format!("kernels_{}.ptx", self.target()));
+                let text = std::fs::read_to_string(&path).map_err(|e| Error::PtxOverride {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?
+            }
+            None => ctx.load_module(cudarc::nvrtc::Ptx::from_src(self.ptx()))?,
+        };
+        crate::watchdog::arm(ctx, &module)?;
+        Ok(module)
     }
 }
+
+/// Environment variable naming a folder of PTX files that replace the
+/// embedded ones (`kernels_<target>.ptx`); for bring-up and debugging.
+pub const PTX_DIR_ENV: &str = "INDEXER_PTX_DIR";
 
 /// Loads the PTX module matching the context's GPU
 /// ([`PtxModule::for_capability`]).

@@ -31,6 +31,7 @@ mod plan;
 mod select;
 mod shape;
 mod sm100;
+pub mod watchdog;
 
 pub use cudarc;
 pub use error::{Error, Result};

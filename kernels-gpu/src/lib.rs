@@ -46,6 +46,8 @@ mod grad;
 mod smoke;
 #[cfg(target_arch = "nvptx64")]
 mod stage1;
+#[cfg(all(target_arch = "nvptx64", kernels_watchdog))]
+pub mod watchdog;
 
 /// Device panics cannot unwind: trap, which fails the launch with an error the
 /// host sees at the next synchronisation.

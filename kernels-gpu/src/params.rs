@@ -509,3 +509,83 @@ mod tests {
         }
     }
 }
+
+/// Name of the watchdog's configuration in watchdog builds of the PTX
+/// (`--cfg kernels_watchdog`, made by `cargo xtask gpu-bundle` for the
+/// bring-up kit): a module global of type [`WatchdogConfig`] that the host
+/// fills after loading the module.
+pub const WATCHDOG_SYMBOL: &str = "INDEXER_WATCHDOG";
+/// Name of the watchdog's self-test kernel (watchdog builds only): one CTA
+/// of [`WATCHDOG_PROBE_THREADS`] threads, [`WATCHDOG_PROBE_SMEM`] bytes of
+/// dynamic shared memory, one `u32` parameter (the tag it reports); every
+/// thread waits on an mbarrier that nobody arrives on.
+pub const WATCHDOG_PROBE_KERNEL: &str = "watchdog_probe";
+/// Threads of the watchdog probe.
+pub const WATCHDOG_PROBE_THREADS: u32 = 64;
+/// Dynamic shared memory of the watchdog probe (one mbarrier).
+pub const WATCHDOG_PROBE_SMEM: u32 = 16;
+/// [`WatchdogRecord::magic`] of a written record.
+pub const WATCHDOG_MAGIC: u32 = 0x5744_4f47;
+/// [`WatchdogRecord::tag`] of a wait that carries no tag.
+pub const WATCHDOG_NO_TAG: u32 = u32::MAX;
+
+/// The tag a stage-2 wait reports: barrier index (bits 24..32) and the
+/// phase it waits for (bits 0..24, modulo 2^24).
+pub const fn watchdog_tag(bar: u32, phase: u32) -> u32 {
+    (bar << 24) | (phase & 0x00ff_ffff)
+}
+
+/// Barrier index and phase of a tag made by [`watchdog_tag`] (`None` for
+/// [`WATCHDOG_NO_TAG`]).
+pub const fn watchdog_untag(tag: u32) -> Option<(u32, u32)> {
+    if tag == WATCHDOG_NO_TAG {
+        None
+    } else {
+        Some((tag >> 24, tag & 0x00ff_ffff))
+    }
+}
+
+/// The watchdog's configuration (module global [`WATCHDOG_SYMBOL`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchdogConfig {
+    /// Device address of a host-mapped [`WatchdogRecord`] (0: none).
+    pub record: u64,
+    /// Nanoseconds a single mbarrier wait may take before the watchdog
+    /// fires (0: waits are unbounded, as in ordinary builds).
+    pub limit_ns: u64,
+    /// Set by the first thread that fires (device-scope arbitration).
+    pub claimed: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+/// What the watchdog records before it traps: which thread gave up on
+/// which barrier. Written to host-mapped memory, so it survives the trap
+/// that kills the CUDA context.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchdogRecord {
+    /// [`WATCHDOG_MAGIC`] once the record is complete (written last).
+    pub magic: u32,
+    /// `%ctaid.x`.
+    pub cta: u32,
+    /// `%tid.x / 32`.
+    pub warp: u32,
+    /// `%tid.x % 32`.
+    pub lane: u32,
+    /// `%smid`.
+    pub sm: u32,
+    /// Shared-memory offset of the barrier from the dynamic base.
+    pub barrier_offset: u32,
+    /// The parity waited for.
+    pub parity: u32,
+    /// [`watchdog_tag`] of the wait, or [`WATCHDOG_NO_TAG`].
+    pub tag: u32,
+    /// Microseconds waited when it fired.
+    pub elapsed_us: u32,
+    /// Padding to 64 bytes.
+    pub _pad: [u32; 7],
+}
+const _: () = assert!(core::mem::size_of::<WatchdogRecord>() == 64);
+const _: () = assert!(core::mem::size_of::<WatchdogConfig>() == 24);

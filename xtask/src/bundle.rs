@@ -52,6 +52,8 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     for a in &crate::ptx::ARCHS {
         copy_into(&crate::ptx::ptx_path(&root, a.target), &out.join("ptx"))?;
     }
+    // The bring-up kit's kernels with bounded mbarrier waits (not committed).
+    crate::ptx::build_watchdog_ptx(&out.join("ptx-watchdog"))?;
     let run = out.join("run.sh");
     std::fs::write(&run, RUN_SH).map_err(|e| e.to_string())?;
     util::run(Command::new("chmod").arg("+x").arg(&run))?;
@@ -90,15 +92,40 @@ fn copy_into(src: &Path, dir: &Path) -> Result<(), String> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs every test binary of the bundle with the GPU required, then the main
 # example; prints per-binary results and one summary line.
-# Usage: bash run.sh [--bench ARGS... | --sanitize [TOOL...]]
+# Usage: bash run.sh [--bench ARGS... | --sanitize [TOOL...] | --blackwell]
 #   --sanitize: runs bin/indexer-sanitize (one small case per kernel family)
 #   under compute-sanitizer's memcheck, racecheck, synccheck and initcheck
 #   (or the tools named) and fails on any report.
+#   --blackwell: the bring-up kit (bin/indexer-bringup) for a first B200 /
+#   B300: info, watchdog self-test, tcgen05 smoke, one-MMA probes, stage 2
+#   on one row, random problems, timing; in order, with the watchdog build
+#   of the kernels (ptx-watchdog/), stopping at the first failure; every
+#   step's lines in bringup-report.txt.
 set -u
 cd "$(dirname "$0")"
 export INDEXER_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 if [ "${1:-}" = "--bench" ]; then shift; exec ./bin/indexer-bench "$@"; fi
+if [ "${1:-}" = "--blackwell" ]; then
+  report="$PWD/bringup-report.txt"; : > "$report"
+  { date -u; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader || true; } >> "$report"
+  export INDEXER_PTX_DIR="$PWD/ptx-watchdog"
+  passed=0; skipped=0; failed=""
+  for step in info watchdog smoke probes one-row props timing; do
+    case $step in
+      watchdog) INDEXER_WATCHDOG_MS=200 ./bin/indexer-bringup "$step" --report "$report" ;;
+      timing) env -u INDEXER_PTX_DIR ./bin/indexer-bringup "$step" --report "$report" ;;
+      *) ./bin/indexer-bringup "$step" --report "$report" ;;
+    esac
+    rc=$?
+    if [ "$rc" -eq 0 ]; then passed=$((passed + 1))
+    elif [ "$rc" -eq 3 ]; then skipped=$((skipped + 1))
+    else failed=$step; break; fi
+  done
+  summary="bring-up: $passed passed, $skipped skipped${failed:+, stopped at $failed (failed)}; report: $report"
+  echo "$summary" | tee -a "$report"
+  [ -z "$failed" ]; exit $?
+fi
 if [ "${1:-}" = "--sanitize" ]; then
   shift
   tools="${*:-memcheck racecheck synccheck initcheck}"

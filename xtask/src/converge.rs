@@ -112,10 +112,46 @@ struct Block {
 
 /// Checks every function of `ptx`; returns every finding.
 pub fn check(ptx: &str) -> Vec<Finding> {
+    let noreturn = noreturn_functions(ptx);
     functions(ptx)
         .into_iter()
-        .flat_map(|(name, body)| check_function(&name, &body))
+        .flat_map(|(name, body)| check_function(&name, &body, &noreturn))
         .collect()
+}
+
+/// Names of the functions declared `.noreturn` (a call to one ends its
+/// block: LLVM places the next block's code right after such a call, with
+/// no edge between them).
+fn noreturn_functions(ptx: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending: Option<String> = None;
+    for raw in ptx.lines() {
+        let line = raw.split("//").next().unwrap_or("");
+        if let Some(rest) = line.split(".func ").nth(1) {
+            let rest = if rest.trim_start().starts_with('(') {
+                rest.split_once(')').map(|(_, r)| r).unwrap_or("")
+            } else {
+                rest
+            };
+            let name = rest
+                .trim_start()
+                .split(['(', ' ', ';'])
+                .next()
+                .unwrap_or("");
+            pending = Some(name.to_string());
+        }
+        if line.trim_start().starts_with(".noreturn") {
+            if let Some(n) = pending.take() {
+                if !out.contains(&n) {
+                    out.push(n);
+                }
+            }
+        }
+        if line.contains('{') || line.trim_end().ends_with(';') {
+            pending = None;
+        }
+    }
+    out
 }
 
 /// Function bodies: (name, [(line, statement)]).
@@ -245,7 +281,7 @@ fn label_of(s: &str) -> Option<&str> {
     .then_some(l)
 }
 
-fn blocks(stmts: &[(usize, String)]) -> Vec<Block> {
+fn blocks(stmts: &[(usize, String)], noreturn: &[String]) -> Vec<Block> {
     let mut blocks: Vec<Block> = vec![Block::default()];
     let mut labels: HashMap<String, usize> = HashMap::new();
     let mut jumps: Vec<(usize, String)> = Vec::new();
@@ -279,8 +315,21 @@ fn blocks(stmts: &[(usize, String)]) -> Vec<Block> {
                 jumps.push((cur, inst.operands.first().cloned().unwrap_or_default()));
                 (ended, falls) = (true, inst.guard.is_some());
             }
-            "ret" | "exit" | "trap" => {
+            "ret" | "exit" => {
                 blocks[cur].succs.push(None);
+                (ended, falls) = (true, inst.guard.is_some());
+            }
+            // Aborts (`trap`, a call that never returns): no successor. The
+            // thread never reaches an exit from here, so these paths do not
+            // move the point where the others reconverge.
+            "trap" => (ended, falls) = (true, inst.guard.is_some()),
+            "call"
+                if inst
+                    .operands
+                    .iter()
+                    .find(|o| !o.starts_with('('))
+                    .is_some_and(|f| noreturn.contains(f)) =>
+            {
                 (ended, falls) = (true, inst.guard.is_some());
             }
             _ => {}
@@ -480,7 +529,8 @@ fn variance(blocks: &[Block]) -> HashMap<String, Var> {
     }
 }
 
-/// Post-dominator sets (bit vectors over blocks; the exit is implicit).
+/// Post-dominator sets (bit vectors over blocks; the exit is implicit,
+/// and blocks that only abort count as post-dominated by every block).
 fn post_dominators(blocks: &[Block]) -> Vec<Vec<bool>> {
     let n = blocks.len();
     let mut pd = vec![vec![true; n]; n];
@@ -504,7 +554,9 @@ fn post_dominators(blocks: &[Block]) -> Vec<Vec<bool>> {
                 }
             }
             if !any {
-                new = vec![false; n];
+                // An abort (no successor): post-dominated by everything,
+                // so it constrains no join point.
+                new = vec![true; n];
             }
             new[b] = true;
             if new != pd[b] {
@@ -518,8 +570,8 @@ fn post_dominators(blocks: &[Block]) -> Vec<Vec<bool>> {
     }
 }
 
-fn check_function(name: &str, stmts: &[(usize, String)]) -> Vec<Finding> {
-    let blocks = blocks(stmts);
+fn check_function(name: &str, stmts: &[(usize, String)], noreturn: &[String]) -> Vec<Finding> {
+    let blocks = blocks(stmts, noreturn);
     let class = variance(&blocks);
     let varying = |g: &Option<String>| {
         g.as_deref()
@@ -673,6 +725,27 @@ mod tests {
         let f = check(&ptx);
         assert_eq!(f.len(), 1, "{f:?}");
         assert_eq!(f[0].branch_line, f[0].line);
+    }
+
+    /// A call to a `.noreturn` function ends its block: the code LLVM
+    /// places after it is not its successor.
+    #[test]
+    fn a_noreturn_call_on_a_lane_branch_does_not_fall_into_the_next_block() {
+        let body = format!(
+            "\tmov.u32 %r1, %tid.x;\n$L__BB0_1:\n\t{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%r5], %r6; selp.u32 %r2, 1, 0, p; }}\n\tsetp.ne.s32 %p1, %r2, 0;\n\t@%p1 bra $L__BB0_3;\n\tsetp.eq.s32 %p2, %r1, 0;\n\t@%p2 bra $L__BB0_1;\n\tcall.uni fire, (param0);\n$L__BB0_5:\n\tbar.warp.sync -1;\n\tret;\n$L__BB0_3:\n\t{LD}\n\tret;\n"
+        );
+        let decl = ".func fire\n(\n\t.param .b32 fire_param_0\n)\n.noreturn;\n";
+        let ptx = kernel(&body).replacen(".visible .entry", &format!("{decl}.visible .entry"), 1);
+        assert_eq!(check(&ptx), []);
+        // Read as falling through, the call would lead into the unrelated
+        // block laid out after it, which would then sit in the region of
+        // the wait loop's lane-dependent exit.
+        let ptx = kernel(&body).replacen(
+            ".visible .entry",
+            &format!("{}.visible .entry", decl.replace(".noreturn;\n", "")),
+            1,
+        );
+        assert!(!check(&ptx).is_empty());
     }
 
     #[test]

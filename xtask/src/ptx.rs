@@ -138,10 +138,11 @@ fn build_arch(
     llvm_bin: &Path,
     arch: &str,
     feature: &str,
+    variant: Variant,
 ) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let target_dir = root.join("target/ptx").join(arch);
-    let flags = [
+    let target_dir = root.join(variant.target_dir()).join(arch);
+    let mut flags = vec![
         format!("-Ctarget-cpu={arch}"),
         format!("-Ctarget-feature={feature}"),
         format!("-Clinker={}", exe.display()),
@@ -158,6 +159,9 @@ fn build_arch(
         // loops and moves the arrays to local memory.
         format!("-Cllvm-args=-unroll-threshold={UNROLL_THRESHOLD}"),
     ];
+    if variant == Variant::Watchdog {
+        flags.extend(["--cfg".into(), "kernels_watchdog".into()]);
+    }
     let mut c = Command::new("rustup");
     c.args([
         "run",
@@ -198,7 +202,14 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
     for a in &ARCHS {
         let (arch, feature) = (a.target, a.ptx_feature);
         util::step(&format!("building kernels-gpu for {arch} ({feature})"));
-        let text = build_arch(&root, &nightly, &llvm_bin, arch, feature)?;
+        let text = build_arch(
+            &root,
+            &nightly,
+            &llvm_bin,
+            arch,
+            feature,
+            Variant::Committed,
+        )?;
         let dest = ptx_path(&root, arch);
         let committed = std::fs::read_to_string(&dest).unwrap_or_default();
         if committed != text {
@@ -209,27 +220,90 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
                 println!("wrote {}", dest.display());
             }
         }
-        let findings = crate::converge::check(&text);
-        if !findings.is_empty() {
-            let list: Vec<String> = findings.iter().map(|f| format!("  {f}")).collect();
-            return Err(format!(
-                "{arch}: {} warp-collective instruction(s) in lane-divergent code:\n{}",
-                findings.len(),
-                list.join("\n")
-            ));
-        }
-        println!("convergence {arch}: no collective in lane-divergent code");
-        let tmp = root.join("target/ptx").join(format!("check_{arch}.ptx"));
-        std::fs::write(&tmp, &text).map_err(|e| e.to_string())?;
-        for gpu in a.assemble_for {
-            assemble(&ptxas, &tmp, gpu)?;
-        }
+        check_text(&root, &ptxas, a, &text, Variant::Committed)?;
     }
     if !stale.is_empty() {
         return Err(format!(
             "committed PTX is stale (kernel sources changed without regenerating): {}\nrun `cargo xtask build-ptx` and commit the result",
             stale.join(", ")
         ));
+    }
+    Ok(())
+}
+
+/// Which build of the kernels: the committed PTX, or the bring-up kit's
+/// watchdog build (`--cfg kernels_watchdog`: bounded mbarrier waits that
+/// record and trap, `kernels_gpu::watchdog`), which is never committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// `kernels-gpu/ptx/*.ptx`.
+    Committed,
+    /// The watchdog build of `cargo xtask gpu-bundle`.
+    Watchdog,
+}
+
+impl Variant {
+    fn target_dir(self) -> &'static str {
+        match self {
+            Variant::Committed => "target/ptx",
+            Variant::Watchdog => "target/ptx-watchdog",
+        }
+    }
+}
+
+/// The checks every generated file passes: no collective in lane-divergent
+/// code, and `ptxas -v` for each GPU it is meant for with no spills and no
+/// stack frame.
+fn check_text(
+    root: &Path,
+    ptxas: &Path,
+    a: &Arch,
+    text: &str,
+    variant: Variant,
+) -> Result<(), String> {
+    let arch = a.target;
+    let findings = crate::converge::check(text);
+    if !findings.is_empty() {
+        let list: Vec<String> = findings.iter().map(|f| format!("  {f}")).collect();
+        return Err(format!(
+            "{arch}: {} warp-collective instruction(s) in lane-divergent code:\n{}",
+            findings.len(),
+            list.join("\n")
+        ));
+    }
+    println!("convergence {arch}: no collective in lane-divergent code");
+    let tmp = root
+        .join(variant.target_dir())
+        .join(format!("check_{arch}.ptx"));
+    std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
+    for gpu in a.assemble_for {
+        assemble(ptxas, &tmp, gpu)?;
+    }
+    Ok(())
+}
+
+/// Builds the watchdog variant of every PTX file into `out`
+/// (`kernels_<target>.ptx`, the names the host's `INDEXER_PTX_DIR`
+/// override reads), with the same checks as the committed files.
+pub fn build_watchdog_ptx(out: &Path) -> Result<(), String> {
+    let root = util::repo_root();
+    let nightly = pinned_nightly(&root)?;
+    let llvm_bin = ensure_toolchain(&nightly)?;
+    let ptxas = ensure_ptxas(&root)?;
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    for a in &ARCHS {
+        let (arch, feature) = (a.target, a.ptx_feature);
+        util::step(&format!("building the watchdog kernels for {arch}"));
+        let text = build_arch(&root, &nightly, &llvm_bin, arch, feature, Variant::Watchdog)?;
+        if !text.contains(kernels_gpu::params::WATCHDOG_SYMBOL) {
+            return Err(format!(
+                "{arch}: the watchdog build lacks {}",
+                kernels_gpu::params::WATCHDOG_SYMBOL
+            ));
+        }
+        check_text(&root, &ptxas, a, &text, Variant::Watchdog)?;
+        let dest = out.join(format!("kernels_{arch}.ptx"));
+        std::fs::write(&dest, &text).map_err(|e| format!("{}: {e}", dest.display()))?;
     }
     Ok(())
 }

@@ -80,3 +80,51 @@ pub unsafe fn ld_f32_eager(p: *const f32) -> f32 {
     }
     v
 }
+
+/// `atom.global.cas.b32` (device scope, relaxed): stores `new` at `p` if it
+/// holds `cmp`; returns the old value.
+///
+/// # Safety
+/// `p` must be a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atom_cas_u32(p: *mut u32, cmp: u32, new: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees a valid global address.
+    unsafe {
+        core::arch::asm!(
+            "atom.global.cas.b32 {o}, [{p}], {c}, {n};",
+            o = out(reg32) old, p = in(reg64) p, c = in(reg32) cmp, n = in(reg32) new,
+            options(nostack),
+        )
+    }
+    old
+}
+
+/// `st.volatile.global.u32`: a store that is performed (not merged or
+/// dropped), for records that another agent (the host) reads.
+///
+/// # Safety
+/// `p` must be a valid, 4-byte aligned global (or host-mapped) address.
+#[inline(always)]
+pub unsafe fn st_volatile_u32(p: *mut u32, v: u32) {
+    // SAFETY: the caller guarantees a valid address.
+    unsafe {
+        core::arch::asm!("st.volatile.global.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v,
+                         options(nostack))
+    }
+}
+
+/// `fence.sc.sys`: orders this thread's earlier memory accesses before its
+/// later ones for every observer, the host included.
+#[inline(always)]
+pub fn fence_sc_sys() {
+    // SAFETY: a fence has no operands and no preconditions.
+    unsafe { core::arch::asm!("fence.sc.sys;", options(nostack)) }
+}
+
+/// `nanosleep.u32`: suspends the thread for about `ns` nanoseconds.
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    // SAFETY: no memory is touched.
+    unsafe { core::arch::asm!("nanosleep.u32 {n};", n = in(reg32) ns, options(nomem, nostack)) }
+}

@@ -67,5 +67,26 @@ pub unsafe fn try_wait_parity(bar: SmemAddr, parity: u32) -> bool {
 #[inline(always)]
 pub unsafe fn wait_parity(bar: SmemAddr, parity: u32) {
     // SAFETY: forwarded.
-    while !unsafe { try_wait_parity(bar, parity) } {}
+    unsafe { wait_parity_tagged(bar, parity, crate::params::WATCHDOG_NO_TAG) }
+}
+
+/// [`wait_parity`] carrying a tag (`params::watchdog_tag`) that a watchdog
+/// build reports when this wait gives up (`crate::watchdog`); ordinary
+/// builds ignore it.
+///
+/// # Safety
+/// As [`wait_parity`].
+#[inline(always)]
+pub unsafe fn wait_parity_tagged(bar: SmemAddr, parity: u32, tag: u32) {
+    #[cfg(kernels_watchdog)]
+    // SAFETY: forwarded.
+    unsafe {
+        crate::watchdog::bounded_wait(bar, parity, tag)
+    }
+    #[cfg(not(kernels_watchdog))]
+    {
+        let _ = tag;
+        // SAFETY: forwarded.
+        while !unsafe { try_wait_parity(bar, parity) } {}
+    }
 }

@@ -41,3 +41,25 @@ pub fn block_idx_x_here() -> u32 {
     unsafe { core::arch::asm!("mov.u32 {r}, %ctaid.x;", r = out(reg32) r, options(nomem, nostack)) }
     r
 }
+
+/// `%globaltimer`: nanoseconds of a global clock (coarse-grained updates;
+/// for timeouts, not for timing kernels).
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let r: u64;
+    // SAFETY: reads a special register; no memory is touched. Not `pure`:
+    // each read must happen where it is written (a timeout loop).
+    unsafe {
+        core::arch::asm!("mov.u64 {r}, %globaltimer;", r = out(reg64) r, options(nomem, nostack))
+    }
+    r
+}
+
+/// `%smid`: the multiprocessor this thread runs on (for diagnostics).
+#[inline(always)]
+pub fn sm_id() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register; no memory is touched.
+    unsafe { core::arch::asm!("mov.u32 {r}, %smid;", r = out(reg32) r, options(nomem, nostack)) }
+    r
+}

@@ -7,6 +7,7 @@
 use super::proto::Machine;
 use super::sched::parity;
 use super::stage2::Ctx;
+use crate::params::watchdog_tag;
 use crate::ptx::{bulk, mbarrier, sreg, sync, tcgen05, tma};
 
 /// One actor of the stage-2 kernel on the device (see the module docs).
@@ -44,7 +45,9 @@ impl<R> Machine for Dev<'_, R> {
     #[inline(always)]
     fn wait(&mut self, bar: u32, phase: u32) {
         // SAFETY: see the impl.
-        unsafe { mbarrier::wait_parity(self.c.bar(bar), parity(phase)) }
+        unsafe {
+            mbarrier::wait_parity_tagged(self.c.bar(bar), parity(phase), watchdog_tag(bar, phase))
+        }
     }
     #[inline(always)]
     fn arrive(&mut self, bar: u32, _phase: u32) {
