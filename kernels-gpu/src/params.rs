@@ -159,9 +159,10 @@ pub const CEIL_MMA_CHAINS: u32 = 8;
 
 /// Parameters of the sm_100f tcgen05 smoke kernel (compiled and assembled
 /// for sm_100f, not executed): `out = a * b^T` for a 128 x 16 bf16 `a` and a
-/// 64 x 16 bf16 `b` (both row-major), f32 `out` 128 x 64; when `tmap` is
-/// non-zero, `b`'s rows are fetched with a TMA gather4 through that tensor
-/// map instead.
+/// 64 x 16 bf16 `b` (both row-major), f32 `out` 128 x 64, from tiles in the
+/// no-swizzle canonical layout. When `tmap` is non-zero, rows 0..4 of the
+/// map are also fetched into shared memory with one TMA gather4 (which
+/// exercises the wrapper; the MMA does not read them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Sm100SmokeParams {
@@ -171,12 +172,105 @@ pub struct Sm100SmokeParams {
     pub b: u64,
     /// f32 128 x 64.
     pub out: u64,
-    /// Optional `CUtensorMap` (global memory) of `b` with box 16 x 1.
+    /// Optional `CUtensorMap` (global memory) with box 16 x 1, or 0.
     pub tmap: u64,
 }
 
 /// Name of the sm_100f smoke kernel (only in the sm_100f PTX).
 pub const SM100_SMOKE_KERNEL: &str = "sm100_tcgen05_smoke";
+/// Threads of the one CTA of the sm_100f smoke kernel (four warps: one per
+/// tensor-memory sub-partition of its M = 128 accumulator).
+pub const SM100_SMOKE_THREADS: u32 = 128;
+/// Dynamic shared memory of the sm_100f smoke kernel: barriers and the
+/// tensor-memory slot (1024 bytes), A (128 x 16 bf16), B (64 x 16 bf16),
+/// the gather4 destination (4 x 16 bf16).
+pub const SM100_SMOKE_SMEM: u32 = 1024 + (128 + 64 + 4) * 16 * 2;
+
+/// Parameters of the sm_100f bring-up probes (`sm100_probe_*`, one CTA of
+/// [`SM100_PROBE_THREADS`]; compiled and assembled for sm_100f, not
+/// executed): one GEMM of a stage-2 chunk, from operands staged in shared
+/// memory where stage 2 keeps them, with stage 2's instruction and
+/// shared-memory descriptors, read back with its tensor-memory lane
+/// mapping (`kernels-gpu/src/sm100/probe.rs`). The tensor maps come first,
+/// at the offsets of [`Sm100Params`] (`SM100_K_MAP_OFFSET`,
+/// `SM100_Q_MAP_OFFSET`), and are passed the same way.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sm100ProbeParams {
+    /// Gather4 map over `k` as stage 2 encodes it (box 64 x 1, 128-byte
+    /// swizzle); read when [`PROBE_K_GATHER4`] is set.
+    pub k_map: TensorMap,
+    /// Tile map over `q` as stage 2 encodes it (box 64 x
+    /// [`SM100_PROBE_HEADS`], 128-byte swizzle); read when [`PROBE_Q_TMA`]
+    /// is set.
+    pub q_map: TensorMap,
+    /// bf16 `SM100_PROBE_HEADS x 128` (`[head][d]`), 16-byte aligned.
+    pub q: u64,
+    /// bf16 key rows, 128 columns each, 16-byte aligned.
+    pub k: u64,
+    /// i32, 128: slot `t` of the K stage holds key row `ids[t]` (valid rows).
+    pub ids: u64,
+    /// bf16 `SM100_PROBE_HEADS x 128` (`[head][slot]`), 4-byte aligned.
+    pub ds: u64,
+    /// f32 `M x 128`, row-major (M = 64 for S and dQ, 128 for dK): the
+    /// accumulator as stage 2 reads it (`sm100::tmem` lane mapping).
+    pub out: u64,
+    /// f32 `128 x 128`: tensor-memory lane `l`, accumulator column `c` at
+    /// `l * 128 + c`, every lane, as `tcgen05.ld.32x32b` returns it (before
+    /// the MMA, the kernel fills these cells with [`SM100_PROBE_TMEM_FILL`]).
+    pub lanes: u64,
+    /// u32 x [`PROBE_STATUS_WORDS`], zeroed by the host: word
+    /// [`PROBE_STATUS_TMA`] becomes 1 when the TMA loads did not complete
+    /// within the probe's wait limit (one second), word
+    /// [`PROBE_STATUS_MMA`] when the MMA commit did not arrive.
+    pub status: u64,
+    /// `PROBE_*` bits.
+    pub flags: u32,
+    /// Keeps the struct a multiple of 8 bytes.
+    pub _pad: u32,
+}
+
+/// Words of [`Sm100ProbeParams::status`].
+pub const PROBE_STATUS_WORDS: usize = 2;
+/// See [`Sm100ProbeParams::status`].
+pub const PROBE_STATUS_TMA: usize = 0;
+/// See [`Sm100ProbeParams::status`].
+pub const PROBE_STATUS_MMA: usize = 1;
+
+/// [`Sm100ProbeParams::flags`] bit: the K stage is filled by stage 2's
+/// `tile::gather4` loads through `k_map` (else by shared-memory stores at
+/// `sm100::operands::k_at`).
+pub const PROBE_K_GATHER4: u32 = 1 << 0;
+/// [`Sm100ProbeParams::flags`] bit: the q buffer is filled by stage 2's TMA
+/// tile loads through `q_map` (else by stores at `sm100::operands::q_at`).
+pub const PROBE_Q_TMA: u32 = 1 << 1;
+/// Probe of S = q K^T (M = 64, N = 128, K = 128; A and B K-major).
+pub const SM100_PROBE_S: &str = "sm100_probe_s";
+/// Probe of dQ = dS K (M = 64, N = 128, K = 128; B MN-major).
+pub const SM100_PROBE_DQ: &str = "sm100_probe_dq";
+/// Probe of dK = dS^T q (M = 128, N = 128, K = [`SM100_PROBE_HEADS`]; A
+/// and B MN-major).
+pub const SM100_PROBE_DK: &str = "sm100_probe_dk";
+/// The probe kernels (sm_100f PTX only; they take [`Sm100ProbeParams`],
+/// whose parameter alignment the link step raises like stage 2's).
+pub const SM100_PROBE_KERNELS: [&str; 3] = [SM100_PROBE_S, SM100_PROBE_DQ, SM100_PROBE_DK];
+/// Threads of a probe CTA: one warp per tensor-memory sub-partition.
+pub const SM100_PROBE_THREADS: u32 = 128;
+/// Heads of the probes' q and dS (the full M = 64 tile, so dK takes
+/// `64 / 16` K steps).
+pub const SM100_PROBE_HEADS: u32 = 64;
+/// Bytes after the probes' operands (stage 2's K stage 0, q buffer 0 and dS
+/// tile, at their stage-2 offsets) for two mbarriers and the tensor-memory
+/// address slot.
+pub const SM100_PROBE_BAR_BYTES: u32 = 32;
+/// Dynamic shared memory of a probe: stage 2's layout up to the end of the
+/// dS tile, then [`SM100_PROBE_BAR_BYTES`].
+pub const SM100_PROBE_SMEM: u32 = crate::sm100::budget::OFF_DK + SM100_PROBE_BAR_BYTES;
+/// What the probes write into every accumulator cell of their sub-partition
+/// before the MMA (a NaN no product of finite inputs produces), so that
+/// cells the MMA leaves alone are recognisable in
+/// [`Sm100ProbeParams::lanes`].
+pub const SM100_PROBE_TMEM_FILL: u32 = 0x7fa5_a5a5;
 
 /// A `CUtensorMap` (the driver's opaque 128-byte tensor map, which must be
 /// 64-byte aligned) passed to a kernel by value, as CUDA's
@@ -300,14 +394,33 @@ pub const fn sm100_stage2_kernel_name(topk: u32, heads: u32) -> Option<&'static 
 }
 
 /// Launch bounds of the sm_100f-only kernels (written into the sm_100f PTX
-/// only, see [`LAUNCH_BOUNDS`]): one persistent stage-2 CTA per SM.
-pub const SM100_LAUNCH_BOUNDS: [(&str, u32, u32); 6] = [
+/// only, see [`LAUNCH_BOUNDS`]): one persistent stage-2 CTA per SM; the
+/// bring-up probes, one CTA of [`SM100_PROBE_THREADS`].
+pub const SM100_LAUNCH_BOUNDS: [(&str, u32, u32); 9] = [
     ("sm100_stage2_t128_h32", SM100_STAGE2_THREADS, 1),
     ("sm100_stage2_t128_h64", SM100_STAGE2_THREADS, 1),
     ("sm100_stage2_t256_h32", SM100_STAGE2_THREADS, 1),
     ("sm100_stage2_t256_h64", SM100_STAGE2_THREADS, 1),
     ("sm100_stage2_t384_h32", SM100_STAGE2_THREADS, 1),
     ("sm100_stage2_t384_h64", SM100_STAGE2_THREADS, 1),
+    (SM100_PROBE_S, SM100_PROBE_THREADS, 1),
+    (SM100_PROBE_DQ, SM100_PROBE_THREADS, 1),
+    (SM100_PROBE_DK, SM100_PROBE_THREADS, 1),
+];
+
+/// Every kernel whose first parameter holds tensor maps (stage 2 and the
+/// probes): the link step raises that parameter's alignment to
+/// [`TENSOR_MAP_ALIGN`] in the sm_100f PTX.
+pub const SM100_TENSOR_MAP_KERNELS: [&str; 9] = [
+    SM100_STAGE2_KERNELS[0],
+    SM100_STAGE2_KERNELS[1],
+    SM100_STAGE2_KERNELS[2],
+    SM100_STAGE2_KERNELS[3],
+    SM100_STAGE2_KERNELS[4],
+    SM100_STAGE2_KERNELS[5],
+    SM100_PROBE_S,
+    SM100_PROBE_DQ,
+    SM100_PROBE_DK,
 ];
 
 /// Threads per CTA of the smoke kernel.
@@ -481,6 +594,34 @@ mod tests {
         );
         assert_eq!(core::mem::offset_of!(Sm100Params, p), 256);
         assert_eq!(core::mem::size_of::<Sm100Params>(), 256 + 112);
+        // The probes pass their maps at stage 2's offsets.
+        assert_eq!(
+            core::mem::offset_of!(Sm100ProbeParams, k_map) as u32,
+            SM100_K_MAP_OFFSET
+        );
+        assert_eq!(
+            core::mem::offset_of!(Sm100ProbeParams, q_map) as u32,
+            SM100_Q_MAP_OFFSET
+        );
+        assert_eq!(core::mem::size_of::<Sm100ProbeParams>(), 256 + 7 * 8 + 8);
+        assert_eq!(core::mem::size_of::<Sm100SmokeParams>(), 32);
+    }
+
+    #[test]
+    fn probe_kernels_have_bounds_aligned_maps_and_fit_shared_memory() {
+        for k in SM100_PROBE_KERNELS {
+            let b = SM100_LAUNCH_BOUNDS.iter().find(|b| b.0 == k).expect(k);
+            assert_eq!((b.1, b.2), (SM100_PROBE_THREADS, 1));
+            assert!(SM100_TENSOR_MAP_KERNELS.contains(&k));
+        }
+        for k in SM100_STAGE2_KERNELS {
+            assert!(SM100_TENSOR_MAP_KERNELS.contains(&k));
+        }
+        // One warp per tensor-memory sub-partition.
+        assert_eq!(SM100_PROBE_THREADS, 4 * 32);
+        assert!(SM100_PROBE_SMEM <= crate::sm100::budget::SMEM_LIMIT_SM100);
+        assert_eq!(SM100_PROBE_HEADS, crate::sm100::budget::SM100_HEAD_TILE);
+        assert!(f32::from_bits(SM100_PROBE_TMEM_FILL).is_nan());
     }
 
     #[test]

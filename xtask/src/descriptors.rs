@@ -480,6 +480,39 @@ fn check_kernel(ptx: &str, name: &str, heads: u64) -> Result<u64, String> {
     Ok(chunks)
 }
 
+/// Checks the bring-up probe `name` of `ptx`, which runs GEMM `g` (index
+/// into [`gemms`]) once for `heads` heads: every MMA has exactly that
+/// GEMM's derived operands, and there are one chunk's worth of them. So a
+/// probe that passes on hardware vouches for the operands stage 2 uses.
+fn check_probe(ptx: &str, name: &str, g: usize, heads: u64) -> Result<(), String> {
+    let body = entries(ptx)
+        .into_iter()
+        .find(|e| e.0 == name)
+        .ok_or_else(|| format!("{name}: no such entry"))?
+        .1;
+    let mmas = kernel_mmas(body).map_err(|e| format!("{name}: {e}"))?;
+    let gemm = gemms()[g];
+    for (i, m) in mmas.iter().enumerate() {
+        let bad = mismatches(m, &gemm);
+        if !bad.is_empty() {
+            return Err(format!(
+                "{name}: MMA #{i} is not {}: {}",
+                gemm.name,
+                bad.join(", ")
+            ));
+        }
+    }
+    let want = (gemm.steps)(heads);
+    if mmas.len() as u64 != want {
+        return Err(format!(
+            "{name}: {} MMAs, expected the {want} K steps of one {}",
+            mmas.len(),
+            gemm.name
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -553,17 +586,62 @@ mod tests {
             );
         }
         assert_eq!(checked.len(), SM100_TOPKS.len() * SM100_HEADS.len());
+        let probes = probe_gemms();
+        for (name, g) in probes {
+            check_probe(&ptx, name, g, PROBE_HEADS).unwrap_or_else(|e| panic!("{e}"));
+            println!("{name}: one chunk of {} as derived", gemms()[g].name);
+        }
         // Every tcgen05.mma of the file is in a checked kernel or the
         // smoke kernel (which has its own shape).
         for (name, body) in entries(&ptx) {
             if body.contains("tcgen05.mma") {
                 assert!(
                     checked.iter().any(|c| c.0 == name)
+                        || probes.iter().any(|p| p.0 == name)
                         || name == kernels_gpu::params::SM100_SMOKE_KERNEL,
                     "{name} has unchecked MMAs"
                 );
             }
         }
+    }
+
+    /// Heads of the probes' dK (its K).
+    const PROBE_HEADS: u64 = kernels_gpu::params::SM100_PROBE_HEADS as u64;
+
+    /// Each probe kernel and the index of its GEMM in [`gemms`].
+    fn probe_gemms() -> [(&'static str, usize); 3] {
+        use kernels_gpu::params::{SM100_PROBE_DK, SM100_PROBE_DQ, SM100_PROBE_S};
+        [(SM100_PROBE_S, 0), (SM100_PROBE_DQ, 1), (SM100_PROBE_DK, 2)]
+    }
+
+    #[test]
+    fn a_probe_with_another_gemm_or_step_count_is_caught() {
+        let ptx = blackwell_ptx();
+        let (s, dq) = (probe_gemms()[0].0, probe_gemms()[1].0);
+        // The S probe's MMAs are not dQ's.
+        let e = check_probe(&ptx, s, 1, PROBE_HEADS).unwrap_err();
+        assert!(e.contains("is not dQ += dS K"), "{e}");
+        // A planted kernel of one chunk for PLANTED_HEADS holds 8 S MMAs
+        // among others: not a probe of S.
+        let (i, a, b) = derived();
+        let k = planted(i, a, b, "4, 14");
+        assert!(check_probe(&k, "k", 0, PLANTED_HEADS).is_err());
+        // The dQ probe's descriptor constant edited: caught by field.
+        let [_, g, _] = gemms();
+        let start = ptx.find(&format!(".entry {dq}(")).unwrap();
+        let end = start
+            + 1
+            + ptx[start + 1..]
+                .find(".entry ")
+                .unwrap_or(ptx.len() - start - 1);
+        let swapped = (g.b & !(0x3fff << 16)) | (64 << 16);
+        let body = ptx[start..end].replace(&format!(", {};", g.b), &format!(", {swapped};"));
+        let edited = format!("{}{}{}", &ptx[..start], body, &ptx[end..]);
+        let e = check_probe(&edited, dq, 1, PROBE_HEADS).unwrap_err();
+        assert!(
+            e.contains("B desc leading dimension byte offset = 64"),
+            "{e}"
+        );
     }
 
     /// `heads` of the planted kernel: dK has H / 16 = 1 step per chunk.

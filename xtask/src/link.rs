@@ -159,11 +159,12 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
     };
     let ptx = add_launch_bounds(&ptx, &bounds, exact)?;
 
-    // sm_100f: 64-byte alignment of the parameter holding tensor maps.
+    // sm_100f: 64-byte alignment of the parameter holding tensor maps
+    // (stage 2 and the bring-up probes).
     let ptx = if cpu == "sm_100f" {
         align_first_param(
             &ptx,
-            &kernels_gpu::params::SM100_STAGE2_KERNELS,
+            &kernels_gpu::params::SM100_TENSOR_MAP_KERNELS,
             kernels_gpu::params::TENSOR_MAP_ALIGN,
         )?
     } else {

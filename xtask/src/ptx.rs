@@ -419,6 +419,12 @@ fn dynamic_smem(kernel: &str) -> String {
     if kernels_gpu::params::SM100_STAGE2_KERNELS.contains(&kernel) {
         return kernels_gpu::sm100::budget::SM100_SMEM.to_string();
     }
+    if kernels_gpu::params::SM100_PROBE_KERNELS.contains(&kernel) {
+        return kernels_gpu::params::SM100_PROBE_SMEM.to_string();
+    }
+    if kernel == kernels_gpu::params::SM100_SMOKE_KERNEL {
+        return kernels_gpu::params::SM100_SMOKE_SMEM.to_string();
+    }
     if kernel == SMOKE_KERNEL {
         return SMOKE_SMEM_BYTES.to_string();
     }

@@ -148,6 +148,40 @@ pub unsafe fn ld_32x32b_x16(taddr: TmemAddr) -> [u32; 16] {
     r
 }
 
+/// `tcgen05.st.sync.aligned.32x32b.x16.b32`: each lane of the warp writes
+/// `v` to 16 consecutive 32-bit columns of its tensor-memory lane, starting
+/// at `taddr` (whose lane field selects the warp's 32-lane quarter). Used
+/// by the bring-up probes to mark accumulator cells before an MMA.
+///
+/// # Safety
+/// One full warp executes it; the columns lie in this CTA's allocation and
+/// the lanes in the warp's quarter (warp % 4); no tcgen05 operation may
+/// access the cells until [`wait_st`] (and, for another thread's MMA, a
+/// [`fence_before_thread_sync`] / barrier / [`fence_after_thread_sync`]).
+#[inline(always)]
+pub unsafe fn st_32x32b_x16(taddr: TmemAddr, v: [u32; 16]) {
+    // SAFETY: forwarded from the caller. A warp collective with side
+    // effects (not `pure`).
+    unsafe {
+        asm!(
+            "tcgen05.st.sync.aligned.32x32b.x16.b32 [{t}], {{{r0}, {r1}, {r2}, {r3}, {r4}, {r5}, {r6}, {r7}, {r8}, {r9}, {r10}, {r11}, {r12}, {r13}, {r14}, {r15}}};",
+            t = in(reg32) taddr.0,
+            r0 = in(reg32) v[0], r1 = in(reg32) v[1], r2 = in(reg32) v[2], r3 = in(reg32) v[3],
+            r4 = in(reg32) v[4], r5 = in(reg32) v[5], r6 = in(reg32) v[6], r7 = in(reg32) v[7],
+            r8 = in(reg32) v[8], r9 = in(reg32) v[9], r10 = in(reg32) v[10], r11 = in(reg32) v[11],
+            r12 = in(reg32) v[12], r13 = in(reg32) v[13], r14 = in(reg32) v[14], r15 = in(reg32) v[15],
+            options(nostack),
+        );
+    }
+}
+
+/// `tcgen05.wait::st.sync.aligned`: this thread's tensor-memory stores are done.
+#[inline(always)]
+pub fn wait_st() {
+    // SAFETY: a wait with no operands.
+    unsafe { asm!("tcgen05.wait::st.sync.aligned;", options(nostack)) }
+}
+
 /// `tcgen05.wait::ld.sync.aligned`: this thread's tensor-memory loads are done.
 #[inline(always)]
 pub fn wait_ld() {

@@ -7,7 +7,9 @@
 //! single issuing thread), `compute` (gate, dS, d_weights, dQ epilogue),
 //! `reduce` (dK through shared memory into bulk reductions), each running
 //! its loop from [`proto`] on `dev` (the device implementation of its
-//! operations); plus the `smoke` kernel.
+//! operations); plus the `smoke` kernel and the bring-up `probe` kernels
+//! (one stage-2 GEMM each, compared against the CPU by
+//! `dsa_indexer_bwd::bringup`).
 //!
 //! Everything that can be checked without the GPU is plain Rust that also
 //! builds for the host and is unit-tested there: descriptor encodings and
@@ -40,6 +42,8 @@ mod dev;
 mod load;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod mma;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
+mod probe;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod reduce;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]

@@ -28,9 +28,12 @@ const B_TILE: u32 = A_TILE + M * K * 2;
 const GATHER: u32 = B_TILE + N * K * 2;
 /// Columns allocated for the 128 x 64 f32 accumulator.
 const TMEM_COLS: u32 = 64;
+// The host launches with the sizes `params` publishes.
+const _: () = assert!(GATHER + 4 * K * 2 == crate::params::SM100_SMOKE_SMEM);
+const _: () = assert!(M == crate::params::SM100_SMOKE_THREADS);
 
-/// Launch: 1 CTA of 128 threads, `GATHER + 4 * K * 2` bytes of dynamic
-/// shared memory.
+/// Launch: 1 CTA of `SM100_SMOKE_THREADS` (128) threads,
+/// `SM100_SMOKE_SMEM` (`GATHER + 4 * K * 2`) bytes of dynamic shared memory.
 ///
 /// # Safety
 /// `p` as documented on [`Sm100SmokeParams`].
