@@ -243,8 +243,8 @@ mod tests {
     #[test]
     fn modules_hold_the_kernels_their_paths_launch() {
         use kernels_gpu::params::{
-            grad_kernel_name, CAST_KERNEL, SM100_STAGE2_KERNELS, STAGE1_KERNEL, SUPPORTED_DIMS,
-            SUPPORTED_HEADS,
+            grad_kernel_name, CAST_KERNEL, SM100_PROBE_KERNELS, SM100_SMOKE_KERNEL,
+            SM100_STAGE2_KERNELS, STAGE1_KERNEL, SUPPORTED_DIMS, SUPPORTED_HEADS,
         };
         use kernels_gpu::sm90::{WG_KERNEL, WG_PAIR_KERNEL};
         let entry = |m: PtxModule, k: &str| m.ptx().contains(&format!(".entry {k}("));
@@ -261,7 +261,11 @@ mod tests {
             for k in [WG_KERNEL, WG_PAIR_KERNEL] {
                 assert_eq!(entry(m, k), m.has_wgmma(), "{m:?} {k}");
             }
-            for k in SM100_STAGE2_KERNELS {
+            for k in SM100_STAGE2_KERNELS
+                .into_iter()
+                .chain(SM100_PROBE_KERNELS)
+                .chain([SM100_SMOKE_KERNEL])
+            {
                 assert_eq!(entry(m, k), m.has_tcgen05(), "{m:?} {k}");
             }
         }

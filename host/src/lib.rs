@@ -21,8 +21,10 @@
 //! path (sm_100/sm_103, tcgen05 kernels) is compiled and assembled for
 //! `sm_100f`, not executed (no such GPU available): [`Backend::Auto`] never
 //! picks it while [`TCGEN05_VALIDATED`] is empty; `Options { backend:
-//! Backend::Blackwell, .. }` opts in.
+//! Backend::Blackwell, .. }` opts in. [`bringup`] holds the checks the
+//! first owner of such a GPU runs before that (compiled, not executed).
 
+pub mod bringup;
 pub mod cpu;
 mod error;
 pub mod gpu;

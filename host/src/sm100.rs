@@ -93,8 +93,9 @@ pub fn map_args(shape: &Shape) -> Result<(TiledArgs, TiledArgs)> {
     Ok((TiledArgs::of(&k), TiledArgs::of(&q)))
 }
 
-/// Encodes one bf16 map at device address `base`.
-fn encode(base: u64, a: &TiledArgs) -> Result<TensorMap> {
+/// Encodes one bf16 map at device address `base` (also used by the
+/// bring-up probes, so that they get stage 2's maps).
+pub(crate) fn encode(base: u64, a: &TiledArgs) -> Result<TensorMap> {
     let mut raw = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: host-side encoding into `raw` (128 bytes); the argument arrays
     // live across the call and hold `rank` (or rank - 1) entries; the

@@ -271,6 +271,12 @@ pub const SM100_PROBE_SMEM: u32 = crate::sm100::budget::OFF_DK + SM100_PROBE_BAR
 /// cells the MMA leaves alone are recognisable in
 /// [`Sm100ProbeParams::lanes`].
 pub const SM100_PROBE_TMEM_FILL: u32 = 0x7fa5_a5a5;
+// One warp per tensor-memory sub-partition; the operands of a full head
+// tile; within an sm_100 CTA's shared memory; the fill is a NaN.
+const _: () = assert!(SM100_PROBE_THREADS == 4 * 32);
+const _: () = assert!(SM100_PROBE_HEADS == crate::sm100::budget::SM100_HEAD_TILE);
+const _: () = assert!(SM100_PROBE_SMEM <= crate::sm100::budget::SMEM_LIMIT_SM100);
+const _: () = assert!(f32::from_bits(SM100_PROBE_TMEM_FILL).is_nan());
 
 /// A `CUtensorMap` (the driver's opaque 128-byte tensor map, which must be
 /// 64-byte aligned) passed to a kernel by value, as CUDA's
@@ -617,11 +623,6 @@ mod tests {
         for k in SM100_STAGE2_KERNELS {
             assert!(SM100_TENSOR_MAP_KERNELS.contains(&k));
         }
-        // One warp per tensor-memory sub-partition.
-        assert_eq!(SM100_PROBE_THREADS, 4 * 32);
-        assert!(SM100_PROBE_SMEM <= crate::sm100::budget::SMEM_LIMIT_SM100);
-        assert_eq!(SM100_PROBE_HEADS, crate::sm100::budget::SM100_HEAD_TILE);
-        assert!(f32::from_bits(SM100_PROBE_TMEM_FILL).is_nan());
     }
 
     #[test]

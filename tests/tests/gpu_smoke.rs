@@ -1,6 +1,6 @@
 //! Issue 2's end-to-end proof of the toolchain: a Rust kernel with dynamic
 //! shared memory, an mbarrier and inline PTX, launched through cudarc and
-//! checked against the CPU.
+//! checked against the CPU; and the Blackwell bring-up checks' contract.
 
 use dsa_indexer_bwd::gpu;
 use indexer_tests::gpu as test_gpu;
@@ -45,4 +45,44 @@ fn smoke_kernel_matches_cpu() {
             .wrapping_add(tid as u32);
         assert_eq!(got, want, "element {i}");
     }
+}
+
+/// The Blackwell bring-up checks (`dsa_indexer_bwd::bringup`): a typed
+/// error on any GPU outside the sm_100 family (never a panic or a launch);
+/// on an sm_100-family GPU (never available so far: compiled, not
+/// executed) every check must match the CPU exactly.
+#[test]
+fn blackwell_bringup_checks_refuse_other_gpus_and_pass_on_sm100() {
+    use dsa_indexer_bwd::{bringup, Error};
+    let Some(ctx) = test_gpu("blackwell_bringup_checks_refuse_other_gpus_and_pass_on_sm100") else {
+        return;
+    };
+    let (major, minor) = ctx.compute_capability().unwrap();
+    if major != 10 || !matches!(minor, 0 | 3) {
+        for r in [
+            bringup::smoke(&ctx).map(|_| ()),
+            bringup::mma_probes(&ctx).map(|_| ()),
+        ] {
+            assert!(
+                matches!(r, Err(Error::BackendUnavailable { .. })),
+                "compute capability {major}.{minor}: {r:?}"
+            );
+        }
+        println!("compute capability {major}.{minor}: bring-up checks refused (not sm_100)");
+        return;
+    }
+    let mut reports = vec![bringup::smoke(&ctx).expect("smoke set-up")];
+    reports.extend(bringup::mma_probes(&ctx).expect("probe set-up"));
+    for r in &reports {
+        println!(
+            "{:<14} {} max|err| {:e} rel {:e}: {}",
+            r.name,
+            if r.ok { "ok  " } else { "FAIL" },
+            r.max_abs_err,
+            r.rel_err,
+            r.detail
+        );
+    }
+    assert_eq!(reports.len(), 1 + bringup::PROBES.len());
+    assert!(reports.iter().all(|r| r.ok), "a bring-up check failed");
 }
