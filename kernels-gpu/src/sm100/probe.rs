@@ -73,8 +73,8 @@ const BAR_TMA: u32 = BAR_MMA + 8;
 const TMEM_SLOT: u32 = BAR_TMA + 8;
 const _: () = assert!(BAR_MMA.is_multiple_of(8) && TMEM_SLOT + 4 <= SM100_PROBE_SMEM);
 
-/// Longest wait on one barrier phase before the probe traps (the work
-/// waited for takes microseconds).
+/// Longest wait on one barrier phase before the probe gives up and
+/// reports it in `status` (the work waited for takes microseconds).
 const WAIT_LIMIT_NS: u64 = 1_000_000_000;
 
 /// Accumulator column of a GEMM: stage 2's.
