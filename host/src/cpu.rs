@@ -1,7 +1,55 @@
 //! CPU implementation of the whole backward: the test oracle (f64), an f32
 //! variant that rounds dS to bf16 exactly like the tensor-core kernel (to
 //! bound how much worse the GPU may be), and the fallback [`execute`] used
-//! where no GPU is present. Multi-threaded over query rows.
+//! where no GPU is present. Multi-threaded over query rows; results do not
+//! depend on the number of threads.
+//!
+//! # Non-finite inputs
+//!
+//! Nothing is scanned for or rejected but the host scalars (`sm_scale`,
+//! `loss_coeff`, [`HostInputs::grad_loss`]: [`Error::NonFinite`]). A NaN or
+//! an infinity in a tensor propagates by IEEE arithmetic through exactly
+//! the operations the GPU kernels perform, so both paths make the same
+//! outputs non-finite (element by element; NaN and infinity are not told
+//! apart, and finite inputs so large that f32 intermediates overflow are
+//! outside this promise). The operations, per query row:
+//!
+//! - `g_t = [predict_t >= CLIP] * -max(target_t, CLIP) * c`: a NaN target
+//!   is clipped (`max(NaN, CLIP) = CLIP`, as the kernels compare); a NaN
+//!   predict masks the slot (`g_t = 0`). `G = sum_t g_t` over all slots,
+//!   padding included; `grad_signal_t = g_t - predict_t * G`. So a
+//!   non-finite `g_t` (an infinite target in an unmasked slot, or a
+//!   non-finite `grad_loss` on the device in a row with an unmasked slot)
+//!   makes the whole row's grad_signal non-finite, and a non-finite
+//!   predict only its own slot.
+//! - `S[h,t] = sm_scale * q[h,:] . k[n_t,:]` for valid slots; the gate
+//!   `S > 0` is false for a NaN `S`. `dS = gate ? grad_signal_t * w[h] : 0`;
+//!   `d_weights[h] = sum_t gate ? grad_signal_t * S : 0`.
+//! - `d_index_q[h,:] = sm_scale * sum_t dS[h,t] k[n_t,:]` over **every
+//!   valid slot**, and `d_index_k[n_t,:] += sm_scale * sum_h dS[h,t] q[h,:]`
+//!   over **every head**: closed gates contribute `0 * k` and `0 * q`,
+//!   which are NaN where `k` or `q` is not finite (the tensor-core
+//!   products of the kernels do the same). Padding slots contribute
+//!   nothing.
+//!
+//! Consequences, for one bad element (`tests/tests/nonfinite.rs` checks
+//! each, on both paths): a NaN in `k[n,d]` makes `d_index_q[r,:,d]`
+//! non-finite for every row `r` that selects key `n`, and nothing else; an
+//! infinity there also the `d_weights[r,h]` whose `S` becomes `+inf`. A NaN
+//! in `q[r,h,d]` makes `d_index_k[n,d]` non-finite for every key `n` row
+//! `r` selects; an infinity also `d_weights[r,h]` where `S` becomes
+//! `+inf`. A non-finite `w[r,h]` makes `d_index_q[r,h,:]` and the
+//! `d_index_k` rows of the slots with an open gate of head `h` non-finite.
+//! A non-finite grad_signal slot does the same for every head whose gate
+//! is open there, plus `d_weights[r,h]`.
+//!
+//! # Memory
+//!
+//! Besides the f64 outputs, a run holds one block of per-slot dK partials
+//! (`rows x topk x D` values of the variant's type, at most 64 MiB or two
+//! rows per thread) and per-thread scratch of `O(topk + D)`; no thread
+//! holds a copy of `d_index_k`. Allocation failures are returned as
+//! [`Error::HostMemory`].
 
 use crate::error::{Error, Result};
 use crate::shape::{check_finite, GradDtype, Options, ScoreKind, Shape};
@@ -22,7 +70,8 @@ pub struct HostInputs<'a> {
     pub index_score: &'a [f32],
     /// Key ids `(B, S_q, topk)`.
     pub topk_indices: &'a [i32],
-    /// Upstream gradient of the loss.
+    /// Upstream gradient of the loss (read on the host here, so a NaN or
+    /// an infinity is rejected with [`Error::NonFinite`]).
     pub grad_loss: f32,
     /// Loss coefficient.
     pub loss_coeff: f32,
@@ -136,6 +185,7 @@ pub fn validate_host(shape: &Shape, opts: &Options, x: &HostInputs) -> Result<()
     shape.validate()?;
     opts.validate()?;
     check_finite("loss_coeff", x.loss_coeff)?;
+    check_finite("grad_loss", x.grad_loss)?;
     let checks = [
         ("index_q", shape.q_len(), x.index_q.len()),
         ("weights", shape.w_len(), x.weights.len()),
@@ -158,15 +208,26 @@ pub fn validate_host(shape: &Shape, opts: &Options, x: &HostInputs) -> Result<()
 
 /// The f64 reference of SPEC's math (the test oracle).
 pub fn reference(shape: &Shape, opts: &Options, x: &HostInputs) -> Result<Grads> {
+    reference_with_progress(shape, opts, x, &mut |_| {})
+}
+
+/// [`reference`], calling `progress` after each block of rows (for long
+/// runs; see [`stderr_progress`]).
+pub fn reference_with_progress(
+    shape: &Shape,
+    opts: &Options,
+    x: &HostInputs,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Grads> {
     validate_host(shape, opts, x)?;
-    Ok(compute::<f64>(shape, opts, x))
+    compute::<f64>(shape, opts, x, Tuning::for_rows(shape.rows()), progress)
 }
 
 /// f32 computation that rounds dS to bf16 before the dQ/dK products, as the
 /// tensor-core kernel does; the GPU must be no worse than twice its error.
 pub fn reference_f32_bf16_ds(shape: &Shape, opts: &Options, x: &HostInputs) -> Result<Grads> {
     validate_host(shape, opts, x)?;
-    Ok(compute::<F32Bf16Ds>(shape, opts, x))
+    compute::<F32Bf16Ds>(shape, opts, x, Tuning::for_rows(shape.rows()), &mut |_| {})
 }
 
 fn threads_for(rows: usize) -> usize {
@@ -177,106 +238,302 @@ fn threads_for(rows: usize) -> usize {
         .max(1)
 }
 
-// Index loops mirror the math (several arrays share the slot index t).
-#[allow(clippy::needless_range_loop)]
-fn compute<T: Real>(shape: &Shape, opts: &Options, x: &HostInputs) -> Grads {
-    let (h_n, d_n, topk) = (shape.heads, shape.head_dim, shape.topk);
-    let rows = shape.rows();
-    let clip = T::of((-100.0f64).exp());
-    let c = T::of(x.loss_coeff as f64 / rows as f64) * T::of32(x.grad_loss);
-    let scale = T::of32(opts.sm_scale);
-    let zero = T::default();
-    let nthreads = threads_for(rows);
-    let per = rows.div_ceil(nthreads);
+/// Bytes of per-slot dK partials a run holds at once (see "Memory" in the
+/// module docs); more only when the thread count needs it.
+const BLOCK_BYTES: usize = 64 << 20;
 
-    let mut grad_signal = vec![0.0f64; shape.slots()];
-    let mut d_index_q = vec![0.0f64; shape.q_len()];
-    let mut d_weights = vec![0.0f64; shape.w_len()];
-    let mut dk_parts: Vec<Vec<T>> = Vec::new();
+/// How a run is split: worker threads, and the budget of one block's
+/// per-slot dK partials. Results do not depend on either.
+#[derive(Clone, Copy, Debug)]
+struct Tuning {
+    threads: usize,
+    block_bytes: usize,
+}
 
-    std::thread::scope(|s| {
-        let mut handles = Vec::new();
-        let chunks = grad_signal
-            .chunks_mut(per * topk)
-            .zip(d_index_q.chunks_mut(per * h_n * d_n))
-            .zip(d_weights.chunks_mut(per * h_n));
-        for (i, ((gs_out, dq_out), dw_out)) in chunks.enumerate() {
-            handles.push(s.spawn(move || {
-                let mut dk = vec![zero; shape.k_len()];
-                let mut g = vec![zero; topk];
-                let mut gsig = vec![zero; topk];
-                let mut k_rows: Vec<Option<usize>> = vec![None; topk];
-                for (local, row) in (i * per..rows.min((i + 1) * per)).enumerate() {
-                    let b = row / shape.seq_q;
-                    let base = row * topk;
-                    // Stage 1.
-                    let mut big_g = zero;
-                    for t in 0..topk {
-                        let sc = x.index_score[base + t];
-                        let (keep, _) = predict::<T>(opts, sc, clip);
-                        let target = T::of32(x.attn_score[base + t]);
-                        let tmax = if target > clip { target } else { clip };
-                        g[t] = if keep { -tmax * c } else { zero };
-                        big_g += g[t];
-                    }
-                    for t in 0..topk {
-                        let (_, p) = predict::<T>(opts, x.index_score[base + t], clip);
-                        gsig[t] = g[t] - p * big_g;
-                        gs_out[local * topk + t] = gsig[t].f64();
-                        k_rows[t] = opts.resolve(shape, b, x.topk_indices[base + t]);
-                    }
-                    // Stage 2.
-                    let q = &x.index_q[row * h_n * d_n..(row + 1) * h_n * d_n];
-                    for h in 0..h_n {
-                        let qh = &q[h * d_n..(h + 1) * d_n];
-                        let wh = T::of32(x.weights[row * h_n + h].to_f32());
-                        let mut dw = zero;
-                        let mut dq = vec![zero; d_n];
-                        for t in 0..topk {
-                            let Some(n) = k_rows[t] else { continue };
-                            let kn = &x.index_k[n * d_n..(n + 1) * d_n];
-                            let mut dot = zero;
-                            for d in 0..d_n {
-                                dot += T::of32(qh[d].to_f32()) * T::of32(kn[d].to_f32());
-                            }
-                            let sv = scale * dot;
-                            if sv > zero {
-                                dw += gsig[t] * sv;
-                                let ds = (gsig[t] * wh).round_ds();
-                                let dsk = dk[n * d_n..(n + 1) * d_n].iter_mut();
-                                for (d, acc) in dsk.enumerate() {
-                                    dq[d] += ds * T::of32(kn[d].to_f32());
-                                    *acc += scale * ds * T::of32(qh[d].to_f32());
-                                }
-                            }
-                        }
-                        dw_out[local * h_n + h] = dw.f64();
-                        for d in 0..d_n {
-                            dq_out[(local * h_n + h) * d_n + d] = (scale * dq[d]).f64();
-                        }
-                    }
-                }
-                dk
-            }));
-        }
-        dk_parts = handles
-            .into_iter()
-            .map(|h| h.join().expect("reference worker panicked"))
-            .collect();
-    });
-
-    let mut d_index_k = vec![0.0f64; shape.k_len()];
-    for part in &dk_parts {
-        for (o, v) in d_index_k.iter_mut().zip(part) {
-            *o += v.f64();
+impl Tuning {
+    fn for_rows(rows: usize) -> Tuning {
+        Tuning {
+            threads: threads_for(rows),
+            block_bytes: BLOCK_BYTES,
         }
     }
-    Grads {
+}
+
+/// `n` copies of `v`, or [`Error::HostMemory`] naming `what` when the
+/// allocation fails (instead of aborting the process).
+pub fn try_vec<T: Clone>(n: usize, v: T, what: &'static str) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| Error::HostMemory {
+        what,
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })?;
+    out.resize(n, v);
+    Ok(out)
+}
+
+/// Progress of a CPU run, reported after each block of query rows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Progress {
+    /// Query rows finished.
+    pub rows_done: usize,
+    /// Query rows in all (`B * S_q`).
+    pub rows: usize,
+    /// Time since the run started.
+    pub elapsed: std::time::Duration,
+}
+
+/// A progress callback for long CPU runs: prints `label: done/total rows
+/// (pct), elapsed, about N s left` to stderr, first after 3 s, then at most
+/// every 2 s, so short runs stay quiet.
+pub fn stderr_progress(label: &str) -> impl FnMut(Progress) + '_ {
+    let mut last = None::<std::time::Duration>;
+    move |p: Progress| {
+        let due = match last {
+            None => p.elapsed.as_secs_f64() >= 3.0,
+            Some(t) => (p.elapsed - t).as_secs_f64() >= 2.0,
+        };
+        if !due || p.rows == 0 {
+            return;
+        }
+        last = Some(p.elapsed);
+        let frac = p.rows_done as f64 / p.rows as f64;
+        let secs = p.elapsed.as_secs_f64();
+        let left = if frac > 0.0 {
+            secs / frac - secs
+        } else {
+            f64::NAN
+        };
+        eprintln!(
+            "{label}: {}/{} rows ({:.0}%), {secs:.1} s, about {left:.0} s left",
+            p.rows_done,
+            p.rows,
+            100.0 * frac
+        );
+    }
+}
+
+/// What every row of a run reads.
+struct Ctx<'a, T> {
+    shape: &'a Shape,
+    opts: &'a Options,
+    x: &'a HostInputs<'a>,
+    clip: T,
+    c: T,
+    scale: T,
+    /// Per key row of the flat `(B*S_k, D)` view: holds a NaN or an
+    /// infinity (so a closed gate still reaches dQ through `0 * k`).
+    k_bad: Vec<bool>,
+}
+
+/// One query row's outputs: grad_signal, d_index_q, d_weights (f64), and
+/// the per-slot dK partials `sum_h dS[h,t] q[h,:]` (`topk * D`, in `T`).
+struct RowOut<'a, T> {
+    row: usize,
+    gs: &'a mut [f64],
+    dq: &'a mut [f64],
+    dw: &'a mut [f64],
+    dk: &'a mut [T],
+}
+
+/// Per-worker scratch.
+struct Scratch<T> {
+    g: Vec<T>,
+    p: Vec<T>,
+    gsig: Vec<T>,
+    k_rows: Vec<Option<usize>>,
+    qt: Vec<T>,
+    dq: Vec<T>,
+}
+
+// Index loops mirror the math (several arrays share the slot index t).
+#[allow(clippy::needless_range_loop)]
+fn compute_row<T: Real>(ctx: &Ctx<T>, o: RowOut<T>, sc: &mut Scratch<T>) {
+    let (shape, opts, x) = (ctx.shape, ctx.opts, ctx.x);
+    let (h_n, d_n, topk) = (shape.heads, shape.head_dim, shape.topk);
+    let zero = T::default();
+    let row = o.row;
+    let b = row / shape.seq_q;
+    let base = row * topk;
+    // Stage 1 (G over all slots, padding included).
+    let mut big_g = zero;
+    for t in 0..topk {
+        let (keep, p) = predict::<T>(opts, x.index_score[base + t], ctx.clip);
+        let target = T::of32(x.attn_score[base + t]);
+        // max(target, CLIP) as the kernels compute it: a NaN target is
+        // clipped (the comparison is false).
+        let tmax = if target > ctx.clip { target } else { ctx.clip };
+        sc.g[t] = if keep { -tmax * ctx.c } else { zero };
+        sc.p[t] = p;
+        big_g += sc.g[t];
+    }
+    for t in 0..topk {
+        sc.gsig[t] = sc.g[t] - sc.p[t] * big_g;
+        o.gs[t] = sc.gsig[t].f64();
+        sc.k_rows[t] = opts.resolve(shape, b, x.topk_indices[base + t]);
+    }
+    // Stage 2.
+    o.dk.iter_mut().for_each(|v| *v = zero);
+    let q = &x.index_q[row * h_n * d_n..(row + 1) * h_n * d_n];
+    for h in 0..h_n {
+        let qh = &q[h * d_n..(h + 1) * d_n];
+        // A non-finite q element reaches dK through `0 * q` even where
+        // every gate of the head is closed (the kernels' dS^T q product
+        // spans all heads).
+        let mut q_bad = false;
+        for (t, v) in sc.qt.iter_mut().zip(qh) {
+            let f = v.to_f32();
+            q_bad |= !f.is_finite();
+            *t = T::of32(f);
+        }
+        let wh = T::of32(x.weights[row * h_n + h].to_f32());
+        let mut dw = zero;
+        sc.dq.iter_mut().for_each(|v| *v = zero);
+        for t in 0..topk {
+            let Some(n) = sc.k_rows[t] else { continue };
+            let kn = &x.index_k[n * d_n..(n + 1) * d_n];
+            let mut dot = zero;
+            for d in 0..d_n {
+                dot += sc.qt[d] * T::of32(kn[d].to_f32());
+            }
+            let sv = ctx.scale * dot;
+            // The gate: false for a NaN S.
+            let open = sv > zero;
+            let ds = if open {
+                dw += sc.gsig[t] * sv;
+                (sc.gsig[t] * wh).round_ds()
+            } else {
+                zero
+            };
+            // Closed gates add exact zeros, skipped unless a non-finite
+            // factor turns `0 * x` into NaN (as in the kernels' products).
+            if open || ctx.k_bad[n] {
+                for d in 0..d_n {
+                    sc.dq[d] += ds * T::of32(kn[d].to_f32());
+                }
+            }
+            if open || q_bad {
+                let v = &mut o.dk[t * d_n..(t + 1) * d_n];
+                for d in 0..d_n {
+                    v[d] += ds * sc.qt[d];
+                }
+            }
+        }
+        o.dw[h] = dw.f64();
+        for d in 0..d_n {
+            o.dq[h * d_n + d] = (ctx.scale * sc.dq[d]).f64();
+        }
+    }
+}
+
+/// The whole backward in `T`, in blocks of query rows: the rows of a block
+/// are shared among worker threads (each row computed by one thread, so
+/// the split does not change any result), then the block's per-slot dK
+/// partials are added into the f64 `d_index_k` in row and slot order by
+/// one thread. Results are bitwise independent of `tune`.
+fn compute<T: Real>(
+    shape: &Shape,
+    opts: &Options,
+    x: &HostInputs,
+    tune: Tuning,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Grads> {
+    let started = std::time::Instant::now();
+    let (h_n, d_n, topk) = (shape.heads, shape.head_dim, shape.topk);
+    let rows = shape.rows();
+    let mut grad_signal = try_vec(shape.slots(), 0.0f64, "grad_signal")?;
+    let mut d_index_q = try_vec(shape.q_len(), 0.0f64, "d_index_q")?;
+    let mut d_weights = try_vec(shape.w_len(), 0.0f64, "d_weights")?;
+    let mut d_index_k = try_vec(shape.k_len(), 0.0f64, "d_index_k")?;
+    let mut k_bad = try_vec(shape.batch * shape.seq_k, false, "index_k row flags")?;
+    for (flag, kr) in k_bad.iter_mut().zip(x.index_k.chunks_exact(d_n)) {
+        *flag = kr.iter().any(|v| !v.to_f32().is_finite());
+    }
+    let ctx = Ctx {
+        shape,
+        opts,
+        x,
+        clip: T::of((-100.0f64).exp()),
+        c: T::of(x.loss_coeff as f64 / rows as f64) * T::of32(x.grad_loss),
+        scale: T::of32(opts.sm_scale),
+        k_bad,
+    };
+    let threads = tune.threads.clamp(1, rows);
+    let row_bytes = (topk * d_n * std::mem::size_of::<T>()).max(1);
+    let block_rows = (tune.block_bytes / row_bytes)
+        .max(2 * threads)
+        .clamp(1, rows);
+    let mut block_dk = try_vec(block_rows * topk * d_n, T::default(), "d_index_k partials")?;
+    let zero = T::default();
+    for r0 in (0..rows).step_by(block_rows) {
+        let r1 = (r0 + block_rows).min(rows);
+        let items: Vec<RowOut<T>> = grad_signal[r0 * topk..r1 * topk]
+            .chunks_mut(topk)
+            .zip(d_index_q[r0 * h_n * d_n..r1 * h_n * d_n].chunks_mut(h_n * d_n))
+            .zip(d_weights[r0 * h_n..r1 * h_n].chunks_mut(h_n))
+            .zip(block_dk.chunks_mut(topk * d_n))
+            .enumerate()
+            .map(|(i, (((gs, dq), dw), dk))| RowOut {
+                row: r0 + i,
+                gs,
+                dq,
+                dw,
+                dk,
+            })
+            .collect();
+        let queue = std::sync::Mutex::new(items.into_iter());
+        let workers = threads.min(r1 - r0);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut sc = Scratch {
+                            g: vec![zero; topk],
+                            p: vec![zero; topk],
+                            gsig: vec![zero; topk],
+                            k_rows: vec![None; topk],
+                            qt: vec![zero; d_n],
+                            dq: vec![zero; d_n],
+                        };
+                        loop {
+                            // One row at a time from a shared queue, so
+                            // rows of unequal cost balance over threads.
+                            let next = queue.lock().expect("row queue").next();
+                            let Some(o) = next else { break };
+                            compute_row(&ctx, o, &mut sc);
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().expect("reference worker panicked");
+            }
+        });
+        // Scatter the block's dK partials: fixed order, one thread.
+        for (i, row) in (r0..r1).enumerate() {
+            let b = row / shape.seq_q;
+            for t in 0..topk {
+                let Some(n) = opts.resolve(shape, b, x.topk_indices[row * topk + t]) else {
+                    continue;
+                };
+                let part = &block_dk[(i * topk + t) * d_n..(i * topk + t + 1) * d_n];
+                let acc = &mut d_index_k[n * d_n..(n + 1) * d_n];
+                for (a, &v) in acc.iter_mut().zip(part) {
+                    *a += (ctx.scale * v).f64();
+                }
+            }
+        }
+        progress(Progress {
+            rows_done: r1,
+            rows,
+            elapsed: started.elapsed(),
+        });
+    }
+    Ok(Grads {
         grad_signal,
         d_index_q,
         d_weights,
         d_index_k,
-    }
+    })
 }
 
 /// `(mask, predict)` of one slot.
@@ -339,8 +596,21 @@ impl HostGrad<'_> {
 
 /// The CPU fallback of the whole backward (f64 math, outputs rounded once).
 /// `targets` are the `attn_score` values on entry; `out.attn_score` receives
-/// grad_signal. Everything is checked before anything is written.
+/// grad_signal. Everything is checked, and all memory allocated, before
+/// anything is written: an error leaves every output untouched.
 pub fn execute(shape: &Shape, opts: &Options, x: &HostInputs, out: HostOutputs) -> Result<()> {
+    execute_with_progress(shape, opts, x, out, &mut |_| {})
+}
+
+/// [`execute`], calling `progress` after each block of rows (for long
+/// runs; see [`stderr_progress`]).
+pub fn execute_with_progress(
+    shape: &Shape,
+    opts: &Options,
+    x: &HostInputs,
+    out: HostOutputs,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<()> {
     validate_host(shape, opts, x)?;
     let grads = [
         ("d_weights", &out.d_weights, opts.d_weights, shape.w_len()),
@@ -374,7 +644,7 @@ pub fn execute(shape: &Shape, opts: &Options, x: &HostInputs, out: HostOutputs) 
             });
         }
     }
-    let g = compute::<f64>(shape, opts, x);
+    let g = compute::<f64>(shape, opts, x, Tuning::for_rows(shape.rows()), progress)?;
     let HostOutputs {
         attn_score,
         d_index_q,
@@ -397,6 +667,92 @@ pub fn execute(shape: &Shape, opts: &Options, x: &HostInputs, out: HostOutputs) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The block size and the thread count change no bit of any output
+    /// (dK partials are merged in a fixed order), for both variants, and
+    /// non-finite inputs included.
+    #[test]
+    fn results_do_not_depend_on_blocks_or_threads() {
+        let shape = Shape {
+            batch: 2,
+            seq_q: 7,
+            seq_k: 9,
+            heads: 16,
+            head_dim: 64,
+            topk: 11,
+        };
+        let opts = Options {
+            key_ids: crate::KeyIds::Local,
+            ..Options::default()
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let mut bf = |n: usize| -> Vec<bf16> {
+            (0..n)
+                .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
+                .collect()
+        };
+        let (mut q, w, k) = (bf(shape.q_len()), bf(shape.w_len()), bf(shape.k_len()));
+        q[5 * 64 + 3] = bf16::NAN;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+        let n = shape.slots();
+        let target: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..0.2)).collect();
+        let score: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..0.2)).collect();
+        // Duplicates, -1 and out-of-range ids included.
+        let ids: Vec<i32> = (0..n).map(|_| rng.random_range(-1..11)).collect();
+        let x = HostInputs {
+            index_q: &q,
+            weights: &w,
+            index_k: &k,
+            attn_score: &target,
+            index_score: &score,
+            topk_indices: &ids,
+            grad_loss: 0.7,
+            loss_coeff: 1.3,
+        };
+        let run = |threads, block_bytes| {
+            let t = Tuning {
+                threads,
+                block_bytes,
+            };
+            (
+                compute::<f64>(&shape, &opts, &x, t, &mut |_| {}).unwrap(),
+                compute::<F32Bf16Ds>(&shape, &opts, &x, t, &mut |_| {}).unwrap(),
+            )
+        };
+        let bits = |g: &Grads| -> Vec<u64> {
+            [&g.grad_signal, &g.d_index_q, &g.d_weights, &g.d_index_k]
+                .iter()
+                .flat_map(|v| v.iter().map(|x| x.to_bits()))
+                .collect()
+        };
+        let (a64, a32) = run(1, 1);
+        assert!(a64.d_index_k.iter().any(|v| v.is_nan()), "NaN q reaches dK");
+        assert!(a64.d_index_k.iter().any(|v| *v != 0.0 && v.is_finite()));
+        for (threads, block) in [(3, 1), (2, 3 * 11 * 64 * 8), (4, usize::MAX / 2)] {
+            let (b64, b32) = run(threads, block);
+            assert_eq!(bits(&a64), bits(&b64), "f64, {threads} threads, {block} bytes");
+            assert_eq!(bits(&a32), bits(&b32), "f32, {threads} threads, {block} bytes");
+        }
+        let mut calls = Vec::new();
+        let t = Tuning {
+            threads: 2,
+            block_bytes: 1,
+        };
+        compute::<f64>(&shape, &opts, &x, t, &mut |p| calls.push(p.rows_done)).unwrap();
+        // Blocks of at least two rows per thread: 4 rows per block.
+        assert_eq!(calls, vec![4, 8, 12, 14]);
+    }
+
+    #[test]
+    fn failed_allocations_are_errors() {
+        let r = try_vec(usize::MAX / 4, 0.0f64, "huge");
+        assert!(
+            matches!(r, Err(Error::HostMemory { what: "huge", bytes }) if bytes == usize::MAX),
+            "{r:?}"
+        );
+        assert_eq!(try_vec(3, 1u8, "small").unwrap(), vec![1, 1, 1]);
+    }
 
     /// A hand-computed single-row case: one head, D = 64, two slots.
     #[test]

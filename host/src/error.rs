@@ -1,5 +1,18 @@
 //! Typed errors. Every failed check names the tensor (or parameter) and what
-//! was expected; a call that returns one of these has written nothing.
+//! was expected.
+//!
+//! What an error means for the buffers:
+//! - Every variant but [`Error::Driver`] comes from a check that runs before
+//!   the first write: the call that returned it has written nothing (on the
+//!   GPU nothing was launched; on the CPU path, [`Error::HostMemory`]
+//!   included, no output was touched).
+//! - [`Error::Driver`] from [`crate::Plan::execute`] may come from a launch
+//!   after earlier launches of the same call were queued: then `attn_score`
+//!   may already hold grad_signal (or be partly overwritten), the dK
+//!   accumulator may be zeroed, and every output is unspecified. Restore
+//!   the targets before running again. Errors of kernels themselves (a
+//!   fault) surface later, at the next synchronising call, as with any
+//!   asynchronous CUDA work.
 
 use cudarc::driver::DriverError;
 
@@ -123,7 +136,17 @@ pub enum Error {
         /// The IO error.
         reason: String,
     },
-    /// A CUDA driver call failed.
+    /// Host memory for the CPU path (outputs, accumulators, scratch) could
+    /// not be allocated. Returned before any output is written.
+    #[error("out of host memory: {what} needs {bytes} bytes")]
+    HostMemory {
+        /// What the memory was for.
+        what: &'static str,
+        /// Bytes requested.
+        bytes: usize,
+    },
+    /// A CUDA driver call failed (see the module docs for what has been
+    /// written when this comes from `execute`).
     #[error("CUDA driver error: {0}")]
     Driver(#[from] DriverError),
 }

@@ -20,11 +20,11 @@ pub enum GradVec {
 }
 
 impl GradVec {
-    fn zeros(dtype: GradDtype, n: usize) -> GradVec {
-        match dtype {
-            GradDtype::F32 => GradVec::F32(vec![0.0; n]),
-            GradDtype::Bf16 => GradVec::Bf16(vec![bf16::ZERO; n]),
-        }
+    fn zeros(dtype: GradDtype, n: usize, what: &'static str) -> Result<GradVec> {
+        Ok(match dtype {
+            GradDtype::F32 => GradVec::F32(cpu::try_vec(n, 0.0, what)?),
+            GradDtype::Bf16 => GradVec::Bf16(cpu::try_vec(n, bf16::ZERO, what)?),
+        })
     }
     fn as_host(&mut self) -> HostGrad<'_> {
         match self {
@@ -57,18 +57,34 @@ pub struct HostResult {
 }
 
 /// Runs the whole backward on host data: GPU 0 when present and
-/// `allow_gpu`, else the CPU fallback.
+/// `allow_gpu`, else the CPU fallback. Host scalars are checked on both
+/// paths (a non-finite `grad_loss` is rejected); non-finite tensor values
+/// propagate the same way on both (see [`crate::cpu`]).
 pub fn run(shape: &Shape, opts: &Options, x: &HostInputs, allow_gpu: bool) -> Result<HostResult> {
+    run_with_progress(shape, opts, x, allow_gpu, &mut |_| {})
+}
+
+/// [`run`], calling `progress` after each block of rows when it runs on
+/// the CPU (see [`cpu::stderr_progress`]).
+pub fn run_with_progress(
+    shape: &Shape,
+    opts: &Options,
+    x: &HostInputs,
+    allow_gpu: bool,
+    progress: &mut dyn FnMut(cpu::Progress),
+) -> Result<HostResult> {
     cpu::validate_host(shape, opts, x)?;
     if allow_gpu && crate::cuda_device_count() > 0 {
         let ctx = CudaContext::new(0)?;
         return run_gpu(&ctx, &ctx.default_stream(), shape, opts, x);
     }
+    let mut grad_signal = cpu::try_vec(shape.slots(), 0.0f32, "grad_signal")?;
+    grad_signal.copy_from_slice(x.attn_score);
     let mut r = HostResult {
-        grad_signal: x.attn_score.to_vec(),
-        d_index_q: vec![bf16::ZERO; shape.q_len()],
-        d_weights: GradVec::zeros(opts.d_weights, shape.w_len()),
-        d_index_k: GradVec::zeros(opts.d_index_k, shape.k_len()),
+        grad_signal,
+        d_index_q: cpu::try_vec(shape.q_len(), bf16::ZERO, "d_index_q")?,
+        d_weights: GradVec::zeros(opts.d_weights, shape.w_len(), "d_weights")?,
+        d_index_k: GradVec::zeros(opts.d_index_k, shape.k_len(), "d_index_k")?,
         backend: "cpu",
     };
     let out = HostOutputs {
@@ -77,7 +93,7 @@ pub fn run(shape: &Shape, opts: &Options, x: &HostInputs, allow_gpu: bool) -> Re
         d_weights: r.d_weights.as_host(),
         d_index_k: r.d_index_k.as_host(),
     };
-    cpu::execute(shape, opts, x, out)?;
+    cpu::execute_with_progress(shape, opts, x, out, progress)?;
     Ok(r)
 }
 

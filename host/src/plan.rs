@@ -251,10 +251,18 @@ impl Plan {
     /// Runs the whole backward on `stream` and returns without synchronising.
     ///
     /// Everything is checked first (contexts, element counts and types,
-    /// alignment, overlaps, workspace, `loss_coeff`); on any failure an
-    /// [`Error`] is returned and no buffer has been touched. Then:
-    /// `attn_score` <- grad_signal, `d_index_q`, `d_weights`, `d_index_k`
-    /// written. No device memory is allocated.
+    /// alignment, overlaps, workspace, `loss_coeff`); a failed check returns
+    /// an [`Error`] before anything is launched, and no buffer has been
+    /// touched. Then: `attn_score` <- grad_signal, `d_index_q`,
+    /// `d_weights`, `d_index_k` written. No device memory is allocated.
+    /// An [`Error::Driver`] from a launch can follow launches already
+    /// queued by this call: then the outputs (`attn_score` included) are
+    /// unspecified (see [`Error`]).
+    ///
+    /// Non-finite values in the tensors (`grad_loss` included, which is
+    /// read on the device) are not scanned for: they propagate into the
+    /// outputs by the rules of [`crate::cpu`] ("Non-finite inputs"), the
+    /// same on both paths.
     pub fn execute(
         &self,
         stream: &CudaStream,

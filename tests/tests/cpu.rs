@@ -139,6 +139,26 @@ fn host_checks_name_the_tensor() {
             ..
         })
     ));
+    // grad_loss is a host scalar here: rejected like loss_coeff, on the
+    // reference and on the fallback.
+    for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = p.host();
+        x.grad_loss = v;
+        assert!(matches!(
+            cpu::reference(&shape, &opts, &x),
+            Err(Error::NonFinite {
+                name: "grad_loss",
+                ..
+            })
+        ));
+        assert!(matches!(
+            dsa_indexer_bwd::oneshot::run(&shape, &opts, &x, false),
+            Err(Error::NonFinite {
+                name: "grad_loss",
+                ..
+            })
+        ));
+    }
     let bad = Options {
         sm_scale: f32::NAN,
         ..opts
