@@ -731,8 +731,16 @@ mod tests {
         assert!(a64.d_index_k.iter().any(|v| *v != 0.0 && v.is_finite()));
         for (threads, block) in [(3, 1), (2, 3 * 11 * 64 * 8), (4, usize::MAX / 2)] {
             let (b64, b32) = run(threads, block);
-            assert_eq!(bits(&a64), bits(&b64), "f64, {threads} threads, {block} bytes");
-            assert_eq!(bits(&a32), bits(&b32), "f32, {threads} threads, {block} bytes");
+            assert_eq!(
+                bits(&a64),
+                bits(&b64),
+                "f64, {threads} threads, {block} bytes"
+            );
+            assert_eq!(
+                bits(&a32),
+                bits(&b32),
+                "f32, {threads} threads, {block} bytes"
+            );
         }
         let mut calls = Vec::new();
         let t = Tuning {

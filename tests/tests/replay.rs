@@ -11,7 +11,16 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::process::Command;
 
+/// A stored `grad_loss` tensor: dtype, shape, little-endian bytes.
+type Stored = (Dtype, Vec<usize>, Vec<u8>);
+
 fn write_case(p: &Problem, path: &std::path::Path) {
+    let gl = (Dtype::F32, vec![1], p.grad_loss.to_le_bytes().to_vec());
+    write_case_with(p, path, Some(gl));
+}
+
+/// Writes the case with the given `grad_loss` tensor (or none).
+fn write_case_with(p: &Problem, path: &std::path::Path, grad_loss: Option<Stored>) {
     let s = p.shape;
     let bf = |v: &[bf16]| -> Vec<u8> { v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect() };
     let f = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
@@ -22,9 +31,8 @@ fn write_case(p: &Problem, path: &std::path::Path) {
         .flat_map(|&x| (x as i64).to_le_bytes())
         .collect();
     let (q, w, k, a, sc) = (bf(&p.q), bf(&p.w), bf(&p.k), f(&p.target), f(&p.score));
-    let gl = f(&[p.grad_loss]);
     let slots = vec![s.batch, s.seq_q, s.topk];
-    let views = vec![
+    let mut views = vec![
         (
             "index_q",
             TensorView::new(Dtype::BF16, vec![s.batch, s.seq_q, s.heads, s.head_dim], &q).unwrap(),
@@ -49,11 +57,13 @@ fn write_case(p: &Problem, path: &std::path::Path) {
             "topk_indices",
             TensorView::new(Dtype::I64, slots, &ids).unwrap(),
         ),
-        (
-            "grad_loss",
-            TensorView::new(Dtype::F32, vec![1], &gl).unwrap(),
-        ),
     ];
+    if let Some((dt, shape, bytes)) = &grad_loss {
+        views.push((
+            "grad_loss",
+            TensorView::new(*dt, shape.clone(), bytes).unwrap(),
+        ));
+    }
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
@@ -181,4 +191,356 @@ fn replay_roundtrips_a_dumped_case() {
         assert!(rel_err(&w(&dk2), &r.d_index_k) <= 8e-3);
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A scratch folder of one test, removed when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("indexer-replay-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn at(&self, file: &str) -> std::path::PathBuf {
+        self.0.join(file)
+    }
+    /// Files in the folder (to see that no temporary file is left).
+    fn files(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the replay binary with `args` (always on the CPU); returns the
+/// exit code, stdout and stderr.
+fn run_cli(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let out = Command::new(replay_exe()).args(args).output().unwrap();
+    (
+        out.status.code().expect("exited, not killed by a signal"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn os<S: AsRef<std::ffi::OsStr> + ?Sized>(s: &S) -> &std::ffi::OsStr {
+    s.as_ref()
+}
+
+/// A small two-batch case with global ids (grid values, no padding).
+fn small_case(key_ids: KeyIds) -> Problem {
+    let shape = Shape {
+        batch: 2,
+        seq_q: 3,
+        seq_k: 20,
+        heads: 16,
+        head_dim: 64,
+        topk: 8,
+    };
+    let opts = Options {
+        key_ids,
+        ..Options::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let g = Gen {
+        values: Values::Grid,
+        padding: Padding::NegOne,
+        short_rows: 0.0,
+        trailing: false,
+        duplicates: false,
+        masked: 0.0,
+    };
+    let mut p = Problem::random(&mut rng, shape, opts, g);
+    p.grad_loss = 0.5;
+    p
+}
+
+/// Usage errors exit with status 2 and say what is wrong: unknown flags,
+/// misspelled values, a flag without its value, non-finite scalars.
+#[test]
+fn bad_arguments_are_usage_errors() {
+    let (rc, out, _) = run_cli(&[os("--help")]);
+    assert_eq!(rc, 0);
+    assert!(out.contains("--ids") && out.contains("possible values: global, local"));
+    let cases: [(&[&str], &str); 8] = [
+        (&["--bogus"], "unexpected argument '--bogus'"),
+        (&["--ids", "globl"], "invalid value 'globl'"),
+        (&["--dk", "f16"], "invalid value 'f16'"),
+        (&["--dw", "f64"], "invalid value 'f64'"),
+        (&["--backend", "foo"], "invalid value 'foo'"),
+        (&["--sm-scale"], "a value is required for '--sm-scale"),
+        (&["--sm-scale", "nan"], "not finite"),
+        (&["--loss-coeff", "inf"], "not finite"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec![os("in.safetensors"), os("out.safetensors")];
+        args.extend(extra.iter().map(os));
+        let (rc, _, err) = run_cli(&args);
+        assert_eq!(rc, 2, "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    // Negative scales are values, not flags.
+    let dir = Scratch::new("negative");
+    let (input, output) = (dir.at("in.safetensors"), dir.at("out.safetensors"));
+    write_case(&small_case(KeyIds::Global), &input);
+    let args = [
+        input.as_os_str(),
+        output.as_os_str(),
+        os("--cpu"),
+        os("--sm-scale"),
+        os("-0.5"),
+    ];
+    let (rc, out, err) = run_cli(&args);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("sm_scale: -0.5"), "{out}");
+}
+
+/// A stored grad_loss is used when it is one f32 (shape (1,) or ()),
+/// and any other type or shape, or a non-finite value, is an error naming
+/// the file, never a silent 1.0.
+#[test]
+fn grad_loss_of_the_wrong_type_or_shape_is_an_error() {
+    let dir = Scratch::new("grad-loss");
+    let p = small_case(KeyIds::Global);
+    let output = dir.at("out.safetensors");
+    let half = |dt: Dtype, shape: Vec<usize>, bytes: Vec<u8>| Some((dt, shape, bytes));
+    let bad: [(&str, Option<Stored>, &str); 4] = [
+        (
+            "bf16",
+            half(
+                Dtype::BF16,
+                vec![1],
+                bf16::from_f32(0.5).to_bits().to_le_bytes().to_vec(),
+            ),
+            "dtype BF16, expected F32",
+        ),
+        (
+            "f64",
+            half(Dtype::F64, vec![1], 0.5f64.to_le_bytes().to_vec()),
+            "dtype F64, expected F32",
+        ),
+        (
+            "two",
+            half(
+                Dtype::F32,
+                vec![2],
+                [0.5f32, 0.5].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+            "shape [2], expected [1] or []",
+        ),
+        (
+            "nan",
+            half(Dtype::F32, vec![1], f32::NAN.to_le_bytes().to_vec()),
+            "not finite",
+        ),
+    ];
+    for (name, stored, want) in bad {
+        let input = dir.at(&format!("{name}.safetensors"));
+        write_case_with(&p, &input, stored);
+        let (rc, out, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+        assert_eq!(rc, 1, "{name}: {err}");
+        assert!(
+            err.contains(&*input.to_string_lossy()) && err.contains("grad_loss"),
+            "{name}: {err}"
+        );
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(!out.contains("ran on the"), "{name}: computed anyway");
+        // --grad-loss overrides the stored tensor, whatever it is.
+        let (rc, out, err) = run_cli(&[
+            input.as_os_str(),
+            output.as_os_str(),
+            os("--cpu"),
+            os("--grad-loss"),
+            os("0.5"),
+        ]);
+        assert_eq!(rc, 0, "{name}: {err}");
+        assert!(out.contains("grad_loss 0.5 (--grad-loss)"), "{out}");
+    }
+    // A scalar (shape ()) 0.5 is read: gradients are half of those at 1.0.
+    let input = dir.at("scalar.safetensors");
+    write_case_with(
+        &p,
+        &input,
+        half(Dtype::F32, vec![], 0.5f32.to_le_bytes().to_vec()),
+    );
+    let (rc, out, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("grad_loss 0.5 ("), "{out}");
+    let (_, _, _, dk_half) = read(&output);
+    let input = dir.at("none.safetensors");
+    write_case_with(&p, &input, None);
+    let (rc, out, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("grad_loss 1 (default:"), "{out}");
+    let (_, _, _, dk_one) = read(&output);
+    assert!(dk_one.iter().any(|&v| v != 0.0));
+    for (a, b) in dk_half.iter().zip(&dk_one) {
+        assert!((2.0 * a - b).abs() <= 1e-6 * b.abs().max(1e-30), "{a} {b}");
+    }
+}
+
+/// The output never replaces the input, is only renamed into place when
+/// complete (a failed run leaves an existing OUT and no temporary file),
+/// and an unwritable location fails before anything is computed; IO
+/// errors name the file.
+#[test]
+fn outputs_are_never_lost_and_never_the_input() {
+    let dir = Scratch::new("output");
+    let p = small_case(KeyIds::Global);
+    let (input, output) = (dir.at("in.safetensors"), dir.at("out.safetensors"));
+    write_case(&p, &input);
+    let original = std::fs::read(&input).unwrap();
+
+    // OUT == IN, by the same path, another spelling, and a hard link.
+    let dotted = dir.0.join(".").join("in.safetensors");
+    let linked = dir.at("link.safetensors");
+    std::fs::hard_link(&input, &linked).unwrap();
+    for same in [&input, &dotted, &linked] {
+        let (rc, out, err) = run_cli(&[input.as_os_str(), same.as_os_str(), os("--cpu")]);
+        assert_eq!(rc, 1, "{err}");
+        assert!(err.contains("is the input file"), "{err}");
+        assert!(!out.contains("ran on the"));
+        assert_eq!(std::fs::read(&input).unwrap(), original, "input changed");
+    }
+    std::fs::remove_file(&linked).unwrap();
+
+    // A good run, then a failing one: the first result stays.
+    let (rc, _, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    assert_eq!(rc, 0, "{err}");
+    let good = std::fs::read(&output).unwrap();
+    let broken = dir.at("broken.safetensors");
+    write_case_with(
+        &p,
+        &broken,
+        Some((Dtype::F64, vec![1], 1f64.to_le_bytes().to_vec())),
+    );
+    let (rc, _, _) = run_cli(&[broken.as_os_str(), output.as_os_str(), os("--cpu")]);
+    assert_eq!(rc, 1);
+    assert_eq!(std::fs::read(&output).unwrap(), good, "earlier result lost");
+    assert_eq!(
+        dir.files(),
+        ["broken.safetensors", "in.safetensors", "out.safetensors"],
+        "temporary file left behind"
+    );
+
+    // An output folder that does not exist: refused before computing.
+    let missing = dir.0.join("no-such-dir").join("out.safetensors");
+    let (rc, out, err) = run_cli(&[input.as_os_str(), missing.as_os_str(), os("--cpu")]);
+    assert_eq!(rc, 1);
+    assert!(err.contains(&*missing.to_string_lossy()), "{err}");
+    assert!(
+        !out.contains("ran on the"),
+        "computed before checking the output"
+    );
+    // A missing input and a missing tensor name the file.
+    let nothing = dir.at("nothing.safetensors");
+    let (rc, _, err) = run_cli(&[nothing.as_os_str(), output.as_os_str()]);
+    assert_eq!(rc, 1);
+    assert!(
+        err.contains(&*nothing.to_string_lossy()) && err.contains("No such file"),
+        "{err}"
+    );
+    std::fs::write(&nothing, b"not a safetensors file").unwrap();
+    let (rc, _, err) = run_cli(&[nothing.as_os_str(), output.as_os_str()]);
+    assert_eq!(rc, 1);
+    assert!(err.contains(&*nothing.to_string_lossy()), "{err}");
+    assert_eq!(std::fs::read(&output).unwrap(), good, "earlier result lost");
+}
+
+/// A global-id dump replayed with `--ids local` (batch 1 would be all
+/// padding, its gradients all zero) and a local-id dump replayed as
+/// global ids are refused with the fix in the message; `--trust-ids`
+/// replays as given, with the documented all-padding result.
+#[test]
+fn ids_of_the_other_convention_are_refused() {
+    let dir = Scratch::new("ids");
+    let output = dir.at("out.safetensors");
+    for (stored, flag, looks) in [
+        (KeyIds::Global, "local", "holds global ids"),
+        (KeyIds::Local, "global", "holds local ids"),
+    ] {
+        let p = small_case(stored);
+        let input = dir.at("in.safetensors");
+        write_case(&p, &input);
+        let args = [
+            input.as_os_str(),
+            output.as_os_str(),
+            os("--cpu"),
+            os("--ids"),
+            os(flag),
+        ];
+        let (rc, out, err) = run_cli(&args);
+        assert_eq!(rc, 1, "{err}");
+        assert!(err.contains(looks) && err.contains("batch 1"), "{err}");
+        assert!(!out.contains("ran on the"));
+        let mut trusted = args.to_vec();
+        trusted.push(os("--trust-ids"));
+        let (rc, out, err) = run_cli(&trusted);
+        assert_eq!(rc, 0, "{err}");
+        assert!(out.contains("topk_indices: 48 slots"), "{out}");
+        if flag == "local" {
+            // Every batch-1 id is out of range for local ids: padding.
+            assert!(out.contains("24 valid local ids, 24 padding"), "{out}");
+            let (_, dq, _, _) = read(&output);
+            let half = dq.len() / 2;
+            assert!(dq[half..].iter().all(|v| v.to_f32() == 0.0));
+        }
+        let (rc, _, err) = run_cli(&[
+            input.as_os_str(),
+            output.as_os_str(),
+            os("--cpu"),
+            os("--ids"),
+            os(if flag == "local" { "global" } else { "local" }),
+        ]);
+        assert_eq!(rc, 0, "the right convention: {err}");
+    }
+}
+
+/// Non-finite input values are reported, not rejected, and propagate
+/// (a NaN key element reaches d_index_q of the rows that select it).
+#[test]
+fn non_finite_inputs_are_reported_and_propagate() {
+    let dir = Scratch::new("nan");
+    let mut p = small_case(KeyIds::Global);
+    let n = p.ids[0] as usize; // selected by row 0
+    p.k[n * 64 + 5] = bf16::NAN;
+    let (input, output) = (dir.at("in.safetensors"), dir.at("out.safetensors"));
+    write_case(&p, &input);
+    let (rc, out, err) = run_cli(&[
+        input.as_os_str(),
+        output.as_os_str(),
+        os("--cpu"),
+        os("--check"),
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        err.contains("index_k holds 1 NaN and 0 infinite values"),
+        "{err}"
+    );
+    let rows = (0..6)
+        .filter(|r| p.ids[r * 8..(r + 1) * 8].contains(&(n as i32)))
+        .count();
+    let bad = format!(
+        "d_index_q: {} non-finite elements, reference {}; same positions",
+        16 * rows,
+        16 * rows
+    );
+    assert!(out.contains(&bad), "{out}");
+    let (gs, dq, dw, dk) = read(&output);
+    assert!(gs.iter().all(|v| v.is_finite()) && dk.iter().all(|v| v.is_finite()));
+    assert!(dw.iter().all(|v| v.to_f32().is_finite()));
+    // Row 0, every head, column 5.
+    assert!((0..16).all(|h| dq[h * 64 + 5].to_f32().is_nan()));
 }
