@@ -4,29 +4,91 @@
 //! reference.
 //!
 //! `cargo run --release --example indexer_bwd -- [--batch 1] [--seq-q 4096]
-//! [--seq-k 4096] [--heads 64] [--dim 128] [--topk 512] [--iters 20] [--cpu]`
+//! [--seq-k 4096] [--heads 64] [--dim 128] [--topk 512] [--iters 20]
+//! [--seed 2026] [--cpu]` (`--help` lists them; unknown flags and bad
+//! values are usage errors, exit status 2; a problem too large for host
+//! memory is an error, exit status 1, not an abort).
 
 /// Events that record timestamps (the default `None` disables timing).
 const TIMING: dsa_indexer_bwd::cudarc::driver::sys::CUevent_flags =
     dsa_indexer_bwd::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
 
+use clap::Parser;
 use dsa_indexer_bwd::cpu::{self, HostInputs};
 use dsa_indexer_bwd::cudarc::driver::CudaContext;
 use dsa_indexer_bwd::{bf16, cuda_device_count, GradOut, Inputs, Options, Outputs, Plan, Shape};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
-fn arg(args: &[String], name: &str, default: usize) -> usize {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                eprintln!("{name} needs a positive integer");
-                std::process::exit(2)
-            }),
-        None => default,
+/// Builds a random problem of the given shape, runs the backward on the GPU
+/// when one is present (CPU fallback otherwise) and prints the time and
+/// the error of every output against the f64 CPU reference.
+#[derive(Parser, Debug)]
+#[command(name = "indexer_bwd")]
+struct Cli {
+    /// Batch size B.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    batch: u64,
+    /// Query rows per batch, S_q.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    seq_q: u64,
+    /// Key rows per batch, S_k.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    seq_k: u64,
+    /// Heads H (16, 32, 64 or 128).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    heads: u64,
+    /// Head dimension D (64 or 128).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..))]
+    dim: u64,
+    /// Selected keys per query row.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    topk: u64,
+    /// Timed GPU runs (after 3 warm-ups).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Seed of the random problem.
+    #[arg(long, default_value_t = 2026)]
+    seed: u64,
+    /// Run the CPU fallback even when a GPU is present.
+    #[arg(long)]
+    cpu: bool,
+}
+
+/// Fails early when the inputs and the f64 reference clearly cannot fit in
+/// the host memory available now (where the system tells: Linux), since
+/// an allocation that the kernel grants lazily could otherwise end in the
+/// process being killed instead of an error.
+fn check_host_memory(s: &Shape) -> Result<(), Box<dyn std::error::Error>> {
+    let words = s.q_len() + s.w_len() + s.k_len() + s.slots();
+    // bf16 inputs, f32/i32 slot tensors, f64 reference outputs.
+    let need =
+        (2 * (s.q_len() + s.w_len() + s.k_len()) + 12 * s.slots()) as f64 + 8.0 * words as f64;
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024.0)
+    });
+    match available {
+        Some(a) if need > a => Err(format!(
+            "out of host memory: this problem needs about {:.1} GiB (inputs and the f64 reference), {:.1} GiB available",
+            need / f64::from(1u32 << 30),
+            a / f64::from(1u32 << 30)
+        )
+        .into()),
+        _ => Ok(()),
     }
+}
+
+/// `n` values drawn by `f`, or a typed error when memory runs out.
+fn draw<T: Clone + Default>(
+    n: usize,
+    what: &'static str,
+    mut f: impl FnMut() -> T,
+) -> Result<Vec<T>, dsa_indexer_bwd::Error> {
+    let mut v = cpu::try_vec(n, T::default(), what)?;
+    v.iter_mut().for_each(|x| *x = f());
+    Ok(v)
 }
 
 fn rel(got: impl Iterator<Item = f64>, want: &[f64]) -> f64 {
@@ -54,34 +116,44 @@ fn report(label: &str, e: &[f64; 4]) {
     );
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("indexer_bwd: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     let shape = Shape {
-        batch: arg(&args, "--batch", 1),
-        seq_q: arg(&args, "--seq-q", 4096),
-        seq_k: arg(&args, "--seq-k", 4096),
-        heads: arg(&args, "--heads", 64),
-        head_dim: arg(&args, "--dim", 128),
-        topk: arg(&args, "--topk", 512),
+        batch: size(cli.batch),
+        seq_q: size(cli.seq_q),
+        seq_k: size(cli.seq_k),
+        heads: size(cli.heads),
+        head_dim: size(cli.dim),
+        topk: size(cli.topk),
     };
-    let iters = arg(&args, "--iters", 20).max(1);
-    let force_cpu = args.iter().any(|a| a == "--cpu");
+    let iters = size(cli.iters);
+    let force_cpu = cli.cpu;
     shape.validate()?;
     let opts = Options::default();
     println!("shape {shape:?}");
+    check_host_memory(&shape)?;
 
     // Random inputs: uniform ids (unique per row), normalised distributions.
-    let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
-    let mut bfv = |n: usize| -> Vec<bf16> {
-        (0..n)
-            .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
-            .collect()
-    };
-    let (q, w, k) = (bfv(shape.q_len()), bfv(shape.w_len()), bfv(shape.k_len()));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cli.seed);
+    let mut bfv = |n: usize, what| draw(n, what, || bf16::from_f32(rng.random_range(-1.0f32..1.0)));
+    let q = bfv(shape.q_len(), "index_q")?;
+    let w = bfv(shape.w_len(), "weights")?;
+    let k = bfv(shape.k_len(), "index_k")?;
     let (rows, topk) = (shape.rows(), shape.topk);
-    let mut target = vec![0f32; rows * topk];
-    let mut score = vec![0f32; rows * topk];
-    let mut ids = vec![-1i32; rows * topk];
+    let mut target = cpu::try_vec(rows * topk, 0f32, "attn_score")?;
+    let mut score = cpu::try_vec(rows * topk, 0f32, "index_score")?;
+    let mut ids = cpu::try_vec(rows * topk, -1i32, "topk_indices")?;
     for r in 0..rows {
         let b = r / shape.seq_q;
         let keys = rand::seq::index::sample(&mut rng, shape.seq_k, topk.min(shape.seq_k));
@@ -107,7 +179,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         loss_coeff: 1.0,
     };
     let t0 = Instant::now();
-    let reference = cpu::reference(&shape, &opts, &host)?;
+    let reference =
+        cpu::reference_with_progress(&shape, &opts, &host, &mut cpu::stderr_progress("reference"))?;
     let ref_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     if force_cpu || cuda_device_count() == 0 {
@@ -116,9 +189,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::thread::available_parallelism()?.get()
         );
         let mut gs = target.clone();
-        let mut dq = vec![bf16::ZERO; shape.q_len()];
-        let mut dw = vec![bf16::ZERO; shape.w_len()];
-        let mut dk = vec![0f32; shape.k_len()];
+        let mut dq = cpu::try_vec(shape.q_len(), bf16::ZERO, "d_index_q")?;
+        let mut dw = cpu::try_vec(shape.w_len(), bf16::ZERO, "d_weights")?;
+        let mut dk = cpu::try_vec(shape.k_len(), 0f32, "d_index_k")?;
         let t0 = Instant::now();
         let out = cpu::HostOutputs {
             attn_score: &mut gs,
@@ -126,7 +199,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             d_weights: cpu::HostGrad::Bf16(&mut dw),
             d_index_k: cpu::HostGrad::F32(&mut dk),
         };
-        cpu::execute(&shape, &opts, &host, out)?;
+        cpu::execute_with_progress(&shape, &opts, &host, out, &mut cpu::stderr_progress("cpu"))?;
         println!("cpu execute: {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
         let errs = [
             rel(gs.iter().map(|&x| x as f64), &reference.grad_signal),
