@@ -372,3 +372,354 @@ fn cuda_graph_replay_picks_up_new_grad_loss() {
         println!("graph replay with grad_loss {new_loss}: {e:?}");
     }
 }
+
+/// Runs `plan.execute` on `exec_stream` with `d`'s buffers (typed by the
+/// plan's options) after `edit` changes any argument.
+fn run_edited<'a>(
+    plan: &Plan,
+    exec_stream: &CudaStream,
+    d: &'a mut DeviceProblem,
+    edit: impl FnOnce(&mut Inputs<'a>, &mut Outputs<'a>),
+) -> dsa_indexer_bwd::Result<()> {
+    let opts = *plan.options();
+    let DeviceProblem {
+        q,
+        w,
+        k,
+        attn,
+        score,
+        ids,
+        grad_loss,
+        dq,
+        dw_f32,
+        dw_bf16,
+        dk_f32,
+        dk_bf16,
+        ws,
+    } = d;
+    let mut inputs = Inputs {
+        index_q: q.as_view(),
+        weights: w.as_view(),
+        index_k: k.as_view(),
+        index_score: score.as_view(),
+        topk_indices: ids.as_view(),
+        grad_loss: grad_loss.as_view(),
+    };
+    let mut outputs = Outputs {
+        attn_score: attn.as_view_mut(),
+        d_index_q: dq.as_view_mut(),
+        d_weights: match opts.d_weights {
+            GradDtype::F32 => GradOut::F32(dw_f32.as_view_mut()),
+            GradDtype::Bf16 => GradOut::Bf16(dw_bf16.as_view_mut()),
+        },
+        d_index_k: match opts.d_index_k {
+            GradDtype::F32 => GradOut::F32(dk_f32.as_view_mut()),
+            GradDtype::Bf16 => GradOut::Bf16(dk_bf16.as_view_mut()),
+        },
+        workspace: Some(ws.as_view_mut()),
+    };
+    edit(&mut inputs, &mut outputs);
+    plan.execute(exec_stream, &inputs, &mut outputs, 1.0)
+}
+
+/// The rejection kinds the first test leaves out, each a typed error that
+/// leaves every buffer (the problem's and the substitutes') bitwise
+/// unchanged: a stream and a buffer of another CUDA context, an output
+/// overlapping another output, misaligned `index_k`, f32 `d_index_k` and
+/// workspace, short outputs and a short workspace, and a `d_index_k` of
+/// the wrong element type.
+#[test]
+fn every_other_rejection_kind_leaves_every_buffer_untouched() {
+    let Some(ctx) = gpu("every_other_rejection_kind_leaves_every_buffer_untouched") else {
+        return;
+    };
+    // Another context on the same GPU (not the primary one), for the
+    // foreign stream and buffer. Creating it makes it current on this
+    // thread; every cudarc call below binds the context it uses.
+    let other = cudarc::driver::CudaContext::new_non_primary(0, 0).expect("second context");
+    let ostream = other.default_stream();
+    let stream = ctx.default_stream();
+    let shape = Shape {
+        batch: 2,
+        seq_q: 5,
+        seq_k: 40,
+        heads: 32,
+        head_dim: 64,
+        topk: 20,
+    };
+    let bf_opts = Options {
+        d_index_k: GradDtype::Bf16,
+        ..Options::default()
+    };
+    let f32_opts = Options::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let p = Problem::random(&mut rng, shape, bf_opts, gen(Values::Grid));
+    let plan = Plan::new(&ctx, shape, bf_opts).unwrap();
+    let plan32 = Plan::new(&ctx, shape, f32_opts).unwrap();
+    assert_eq!(plan32.workspace_bytes(), 0);
+    let ws_bytes = plan.workspace_bytes();
+    let mut d = DeviceProblem::upload(&stream, &p, ws_bytes);
+    let before = snapshot(&stream, &d);
+
+    // Substitute buffers, poisoned so any write shows.
+    let nan_f = |n: usize| vec![f32::NAN; n];
+    let nan_b = |n: usize| vec![bf16::NAN; n];
+    let k_other = ostream.clone_htod(&p.k).unwrap();
+    let mut k_long = stream.alloc_zeros::<bf16>(shape.k_len() + 8).unwrap();
+    stream
+        .memcpy_htod(&p.k, &mut k_long.slice_mut(1..shape.k_len() + 1))
+        .unwrap();
+    let mut ws_long = stream.clone_htod(&vec![0xa5u8; ws_bytes + 32]).unwrap();
+    let mut dk32_long = stream.clone_htod(&nan_f(shape.k_len() + 4)).unwrap();
+    let mut attn_short = stream.clone_htod(&nan_f(shape.slots() - 1)).unwrap();
+    let mut dq_short = stream.clone_htod(&nan_b(shape.q_len() - 2)).unwrap();
+    let mut dw_short = stream.clone_htod(&nan_b(shape.w_len() - 1)).unwrap();
+    let mut dk_short = stream.clone_htod(&nan_b(shape.k_len() - 1)).unwrap();
+    let mut ws_short = stream.clone_htod(&vec![0xa5u8; ws_bytes - 16]).unwrap();
+    let mut dk32 = stream.clone_htod(&nan_f(shape.k_len())).unwrap();
+
+    let check = |name: &str,
+                 r: dsa_indexer_bwd::Result<()>,
+                 ok: &dyn Fn(&Error) -> bool,
+                 d: &DeviceProblem| {
+        let e = r.expect_err(name);
+        assert!(ok(&e), "{name}: unexpected error {e}");
+        println!("{name}: rejected with: {e}");
+        stream.synchronize().unwrap();
+        assert!(snapshot(&stream, d) == before, "{name}: a buffer changed");
+    };
+
+    let r = run_edited(&plan, &ostream, &mut d, |_, _| {});
+    check(
+        "stream of another context",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Device {
+                    tensor: "stream",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let r = run_edited(&plan, &stream, &mut d, |i, _| i.index_k = k_other.as_view());
+    check(
+        "index_k of another context",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Device {
+                    tensor: "index_k",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    // d_weights aliasing the start of d_index_q (same device memory).
+    let (qp, guard) = {
+        use cudarc::driver::DevicePtr;
+        d.dq.device_ptr(&stream)
+    };
+    drop(guard);
+    // SAFETY: the alias lies inside the d_index_q allocation and is leaked
+    // below, so it is never freed twice.
+    let mut alias: CudaSlice<bf16> = unsafe { stream.upgrade_device_ptr(qp, shape.w_len()) };
+    let alias_view = alias.as_view_mut();
+    let r = run_edited(&plan, &stream, &mut d, move |_, o| {
+        o.d_weights = GradOut::Bf16(alias_view)
+    });
+    alias.leak();
+    check(
+        "d_weights overlaps d_index_q",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Overlap {
+                    output: "d_index_q",
+                    other: "d_weights"
+                } | Error::Overlap {
+                    output: "d_weights",
+                    other: "d_index_q"
+                }
+            )
+        },
+        &d,
+    );
+    let r = run_edited(&plan, &stream, &mut d, |i, _| {
+        i.index_k = k_long.slice(1..shape.k_len() + 1)
+    });
+    check(
+        "misaligned index_k",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Alignment {
+                    tensor: "index_k",
+                    align: 16,
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let v = ws_long.slice_mut(1..1 + ws_bytes);
+    let r = run_edited(&plan, &stream, &mut d, move |_, o| o.workspace = Some(v));
+    check(
+        "misaligned workspace",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Alignment {
+                    tensor: "workspace",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let v = dk32_long.slice_mut(1..shape.k_len() + 1);
+    let r = run_edited(&plan32, &stream, &mut d, move |_, o| {
+        o.d_index_k = GradOut::F32(v)
+    });
+    check(
+        "misaligned f32 d_index_k",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Alignment {
+                    tensor: "d_index_k",
+                    align: 16,
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let v = attn_short.as_view_mut();
+    let r = run_edited(&plan, &stream, &mut d, move |_, o| o.attn_score = v);
+    check(
+        "short attn_score",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Length {
+                    tensor: "attn_score",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let v = dq_short.as_view_mut();
+    let r = run_edited(&plan, &stream, &mut d, move |_, o| o.d_index_q = v);
+    check(
+        "short d_index_q",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Length {
+                    tensor: "d_index_q",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let v = dw_short.as_view_mut();
+    let r = run_edited(&plan, &stream, &mut d, move |_, o| {
+        o.d_weights = GradOut::Bf16(v)
+    });
+    check(
+        "short d_weights",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Length {
+                    tensor: "d_weights",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let v = dk_short.as_view_mut();
+    let r = run_edited(&plan, &stream, &mut d, move |_, o| {
+        o.d_index_k = GradOut::Bf16(v)
+    });
+    check(
+        "short d_index_k",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Length {
+                    tensor: "d_index_k",
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let v = ws_short.as_view_mut();
+    let r = run_edited(&plan, &stream, &mut d, move |_, o| o.workspace = Some(v));
+    check(
+        "short workspace",
+        r,
+        &|e| matches!(e, Error::Workspace { given, .. } if *given == ws_bytes - 16),
+        &d,
+    );
+    let v = dk32.as_view_mut();
+    let r = run_edited(&plan, &stream, &mut d, move |_, o| {
+        o.d_index_k = GradOut::F32(v)
+    });
+    check(
+        "d_index_k dtype",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Dtype {
+                    tensor: "d_index_k",
+                    expected: "bf16",
+                    actual: "f32"
+                }
+            )
+        },
+        &d,
+    );
+
+    // The substitutes are untouched too.
+    let same_f = |x: &CudaSlice<f32>, n| same_bits(&stream.clone_dtoh(x).unwrap(), &nan_f(n));
+    let same_b = |x: &CudaSlice<bf16>, n| same_bits(&stream.clone_dtoh(x).unwrap(), &nan_b(n));
+    assert!(same_f(&attn_short, shape.slots() - 1));
+    assert!(same_f(&dk32_long, shape.k_len() + 4));
+    assert!(same_f(&dk32, shape.k_len()));
+    assert!(same_b(&dq_short, shape.q_len() - 2));
+    assert!(same_b(&dw_short, shape.w_len() - 1));
+    assert!(same_b(&dk_short, shape.k_len() - 1));
+    for (name, buf, n) in [
+        ("ws_long", &ws_long, ws_bytes + 32),
+        ("ws_short", &ws_short, ws_bytes - 16),
+    ] {
+        assert_eq!(stream.clone_dtoh(buf).unwrap(), vec![0xa5u8; n], "{name}");
+    }
+    assert_eq!(ostream.clone_dtoh(&k_other).unwrap(), p.k);
+
+    // And the same buffers then work (kernels launch in the current
+    // context: bind the plan's again after the foreign one).
+    ctx.bind_to_thread().unwrap();
+    d.execute(&plan, &stream, p.loss_coeff).unwrap();
+    let out = d.download(&stream, &bf_opts);
+    check_against_reference(&p, &out);
+}
