@@ -92,14 +92,41 @@ fn test(require_gpu: bool) -> Result<(), String> {
         vec![]
     };
     util::cargo(&root, &["test", "--manifest-path", km], &[])?;
-    // --show-output so GPU tests' "skipped: no CUDA device" lines are visible.
-    util::cargo(
+    // --show-output so GPU tests' "skipped: no CUDA device" lines are
+    // visible; they are counted, so a run without a GPU says how many GPU
+    // tests (or GPU parts of tests) did not run.
+    let out = util::cargo_tee(
         &root,
         &["test", "--workspace", "--release", "--", "--show-output"],
         &env,
     )?;
+    let skipped = skipped_gpu_tests(&out);
+    if skipped.is_empty() {
+        util::step("GPU tests: none skipped");
+    } else {
+        util::step(&format!(
+            "GPU tests skipped (no CUDA device; they report \"ok\" above but did not run): {}",
+            skipped.len()
+        ));
+        for name in &skipped {
+            println!("    {name}");
+        }
+    }
     util::step("all checks passed");
     Ok(())
+}
+
+/// The names of the tests that printed `NAME: skipped: no CUDA device`
+/// (`indexer_tests::gpu`), each once.
+fn skipped_gpu_tests(output: &str) -> Vec<String> {
+    let mut v: Vec<String> = output
+        .lines()
+        .filter_map(|l| l.strip_suffix(": skipped: no CUDA device"))
+        .map(|n| n.trim().to_string())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// Runs the benchmark binary in release mode with the given arguments.
@@ -116,4 +143,22 @@ fn bench(args: &[String]) -> Result<(), String> {
     ];
     a.extend(args.iter().map(String::as_str));
     util::cargo(&root, &a, &[])
+}
+
+#[cfg(test)]
+mod skip_tests {
+    #[test]
+    fn skipped_gpu_tests_are_counted_once_each() {
+        let out = "running 2 tests\n\
+                   ---- a stdout ----\n\
+                   a_gpu_test: skipped: no CUDA device\n\
+                   b (GPU part): skipped: no CUDA device\n\
+                   a_gpu_test: skipped: no CUDA device\n\
+                   test result: ok. 2 passed\n";
+        assert_eq!(
+            super::skipped_gpu_tests(out),
+            vec!["a_gpu_test".to_string(), "b (GPU part)".to_string()]
+        );
+        assert!(super::skipped_gpu_tests("test result: ok").is_empty());
+    }
 }

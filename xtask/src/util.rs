@@ -51,3 +51,31 @@ pub fn cargo(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<(), Stri
     }
     run(&mut c)
 }
+
+/// Runs stable `cargo` like [`cargo`], echoing its stdout line by line as
+/// it comes and returning it (stderr goes straight through).
+pub fn cargo_tee(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
+    use std::io::BufRead;
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(dir)
+        .args(args)
+        .stdout(std::process::Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().map_err(|e| format!("cannot start {c:?}: {e}"))?;
+    let mut all = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.map_err(|e| format!("{c:?}: reading its output: {e}"))?;
+        println!("{line}");
+        all.push_str(&line);
+        all.push('\n');
+    }
+    let status = child.wait().map_err(|e| format!("{c:?}: {e}"))?;
+    if status.success() {
+        Ok(all)
+    } else {
+        Err(format!("{c:?} failed with {status}"))
+    }
+}
