@@ -92,7 +92,10 @@ fn copy_into(src: &Path, dir: &Path) -> Result<(), String> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs every test binary of the bundle with the GPU required, then the main
 # example; prints per-binary results and one summary line.
-# Usage: bash run.sh [--bench ARGS... | --sanitize [TOOL...] | --blackwell]
+# Usage: bash run.sh [--bench ARGS... | --soak ARGS... | --sanitize [TOOL...] | --blackwell]
+#   --soak: runs bin/indexer-soak (random shapes and options on 2-4 streams
+#   with graph replays, checked against the CPU reference; about two
+#   minutes by default) and exits with its status.
 #   --sanitize: runs bin/indexer-sanitize (one small case per kernel family)
 #   under compute-sanitizer's memcheck, racecheck, synccheck and initcheck
 #   (or the tools named) and fails on any report.
@@ -126,6 +129,7 @@ if [ "${1:-}" = "--blackwell" ]; then
   echo "$summary" | tee -a "$report"
   [ -z "$failed" ]; exit $?
 fi
+if [ "${1:-}" = "--soak" ]; then shift; exec ./bin/indexer-soak "$@"; fi
 if [ "${1:-}" = "--sanitize" ]; then
   shift
   tools="${*:-memcheck racecheck synccheck initcheck}"
