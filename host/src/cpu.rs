@@ -211,7 +211,7 @@ pub fn reference(shape: &Shape, opts: &Options, x: &HostInputs) -> Result<Grads>
     reference_with_progress(shape, opts, x, &mut |_| {})
 }
 
-/// [`reference`], calling `progress` after each block of rows (for long
+/// [`reference()`], calling `progress` after each block of rows (for long
 /// runs; see [`stderr_progress`]).
 pub fn reference_with_progress(
     shape: &Shape,
