@@ -99,19 +99,21 @@ impl PtxModule {
     /// in `ptx-watchdog/`); a module that holds the watchdog's
     /// configuration is then armed ([`crate::watchdog::arm`]).
     pub fn load(self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
-        let module = match std::env::var_os(PTX_DIR_ENV) {
-            Some(dir) => {
-                let path =
-                    std::path::Path::new(&dir).join(format!("kernels_{}.ptx", self.target()));
-                let text = std::fs::read_to_string(&path).map_err(|e| Error::PtxOverride {
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-                ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?
-            }
-            None => ctx.load_module(cudarc::nvrtc::Ptx::from_src(self.ptx()))?,
+        let Some(dir) = std::env::var_os(PTX_DIR_ENV) else {
+            // The embedded PTX has no watchdog: nothing to arm (and no
+            // failed symbol lookup for a sanitizer to report).
+            return Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_src(self.ptx()))?);
         };
-        crate::watchdog::arm(ctx, &module)?;
+        let path = std::path::Path::new(&dir).join(format!("kernels_{}.ptx", self.target()));
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::PtxOverride {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let watchdog = crate::watchdog::is_watchdog_build(&text);
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?;
+        if watchdog {
+            crate::watchdog::arm(ctx, &module)?;
+        }
         Ok(module)
     }
 }

@@ -38,9 +38,22 @@ pub fn limit_ns() -> u64 {
     ms.max(1) * 1_000_000
 }
 
-/// Arms `module` if it is a watchdog build: points its configuration at a
-/// host-mapped, zeroed record and sets the limit ([`limit_ns`]). Returns
-/// whether it did (`false` for ordinary modules).
+/// Whether PTX text is a watchdog build (declares the configuration).
+pub fn is_watchdog_build(ptx: &str) -> bool {
+    ptx.contains(&format!(".global .align 8 .b8 {WATCHDOG_SYMBOL}["))
+}
+
+/// Whether a watchdog module has been armed in this process.
+pub fn is_armed() -> bool {
+    ARMED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Arms `module`, a watchdog build ([`is_watchdog_build`] of its text):
+/// points its configuration at a host-mapped, zeroed record and sets the
+/// limit ([`limit_ns`]). Returns whether it did (`false` when the module
+/// has no configuration after all).
 pub fn arm(ctx: &Arc<CudaContext>, module: &Arc<CudaModule>) -> Result<bool> {
     let stream = ctx.default_stream();
     let Ok(mut global) = module.get_global(WATCHDOG_SYMBOL, &stream) else {
@@ -87,6 +100,7 @@ pub fn arm(ctx: &Arc<CudaContext>, module: &Arc<CudaModule>) -> Result<bool> {
     }
     stream.memcpy_htod(bytes, &mut global.slice_mut(..bytes.len()))?;
     stream.synchronize()?;
+    ARMED.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(true)
 }
 
@@ -99,4 +113,22 @@ pub fn last_record() -> Option<WatchdogRecord> {
     // magic last, so a record with the magic is complete.
     let rec = unsafe { std::ptr::read_volatile(host) };
     (rec.magic == WATCHDOG_MAGIC).then_some(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_watchdog_builds_are_recognised() {
+        for embedded in [
+            crate::gpu::PTX_SM90A,
+            crate::gpu::PTX_SM100F,
+            crate::gpu::PTX_SM90,
+        ] {
+            assert!(!is_watchdog_build(embedded));
+        }
+        let decl = format!(".visible .global .align 8 .b8 {WATCHDOG_SYMBOL}[24];\n");
+        assert!(is_watchdog_build(&format!(".version 8.1\n{decl}")));
+    }
 }
