@@ -28,6 +28,25 @@ pub fn gpu(test: &str) -> Option<Arc<CudaContext>> {
     Some(CudaContext::new(0).expect("CUDA device 0"))
 }
 
+/// A [`Shape`] from its six numbers, in the order of the SPEC's tensors.
+pub fn shape(
+    batch: usize,
+    seq_q: usize,
+    seq_k: usize,
+    heads: usize,
+    dim: usize,
+    topk: usize,
+) -> Shape {
+    Shape {
+        batch,
+        seq_q,
+        seq_k,
+        heads,
+        head_dim: dim,
+        topk,
+    }
+}
+
 /// How padding slots are marked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Padding {

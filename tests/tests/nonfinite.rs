@@ -9,7 +9,7 @@
 use dsa_indexer_bwd::cpu::{self, HostGrad, HostOutputs};
 use dsa_indexer_bwd::{bf16, Error, GradDtype, KeyIds, Options, ScoreKind, Shape};
 use indexer_tests::{
-    gpu, predicted_masks, run_gpu, Gen, Inject, Injected, Masks, Padding, Problem, Values,
+    gpu, predicted_masks, run_gpu, shape, Gen, Inject, Injected, Masks, Padding, Problem, Values,
     INJECT_ALL,
 };
 use rand::SeedableRng;
@@ -21,17 +21,6 @@ struct Config {
     shape: Shape,
     opts: Options,
     paired: bool,
-}
-
-fn shape(batch: usize, seq_q: usize, seq_k: usize, heads: usize, dim: usize, topk: usize) -> Shape {
-    Shape {
-        batch,
-        seq_q,
-        seq_k,
-        heads,
-        head_dim: dim,
-        topk,
-    }
 }
 
 /// Small shapes for the CPU-only test; on the GPU the same plus the fast

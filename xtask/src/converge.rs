@@ -119,6 +119,23 @@ pub fn check(ptx: &str) -> Vec<Finding> {
         .collect()
 }
 
+/// The name a `.entry`/`.func` line (`kw`) declares, if it is one.
+fn declared_name(line: &str, kw: &str) -> Option<String> {
+    let rest = line.split(kw).nth(1)?;
+    // `.func (.param ...) name(` has its return first.
+    let rest = if rest.trim_start().starts_with('(') {
+        rest.split_once(')').map_or("", |(_, r)| r)
+    } else {
+        rest
+    };
+    let name = rest
+        .trim_start()
+        .split(['(', ' ', ';'])
+        .next()
+        .unwrap_or("");
+    Some(name.to_string())
+}
+
 /// Names of the functions declared `.noreturn` (a call to one ends its
 /// block: LLVM places the next block's code right after such a call, with
 /// no edge between them).
@@ -127,18 +144,8 @@ fn noreturn_functions(ptx: &str) -> Vec<String> {
     let mut pending: Option<String> = None;
     for raw in ptx.lines() {
         let line = raw.split("//").next().unwrap_or("");
-        if let Some(rest) = line.split(".func ").nth(1) {
-            let rest = if rest.trim_start().starts_with('(') {
-                rest.split_once(')').map(|(_, r)| r).unwrap_or("")
-            } else {
-                rest
-            };
-            let name = rest
-                .trim_start()
-                .split(['(', ' ', ';'])
-                .next()
-                .unwrap_or("");
-            pending = Some(name.to_string());
+        if let Some(name) = declared_name(line, ".func ") {
+            pending = Some(name);
         }
         if line.trim_start().starts_with(".noreturn") {
             if let Some(n) = pending.take() {
@@ -164,19 +171,8 @@ fn functions(ptx: &str) -> Vec<(String, Vec<(usize, String)>)> {
         let line = raw.split("//").next().unwrap_or("");
         if body.is_none() && depth == 0 {
             for kw in [".entry ", ".func "] {
-                if let Some(rest) = line.split(kw).nth(1) {
-                    // `.func (.param ...) name(` has its return first.
-                    let rest = if rest.trim_start().starts_with('(') {
-                        rest.split_once(')').map(|(_, r)| r).unwrap_or("")
-                    } else {
-                        rest
-                    };
-                    let name = rest
-                        .trim_start()
-                        .split(['(', ' ', ';'])
-                        .next()
-                        .unwrap_or("");
-                    header = Some(name.to_string());
+                if let Some(name) = declared_name(line, kw) {
+                    header = Some(name);
                 }
             }
             if line.trim_end().ends_with(';') && header.is_some() && !line.contains('{') {

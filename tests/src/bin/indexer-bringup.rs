@@ -426,15 +426,9 @@ fn problem(seed: u64, shape: Shape, opts: Options, padding: Padding, short_rows:
     Problem::random(&mut rng, shape, opts, g)
 }
 
+/// A D = 128 shape (the tcgen05 kernels' only head dimension).
 fn shape(batch: usize, seq_q: usize, seq_k: usize, heads: usize, topk: usize) -> Shape {
-    Shape {
-        batch,
-        seq_q,
-        seq_k,
-        heads,
-        head_dim: 128,
-        topk,
-    }
+    indexer_tests::shape(batch, seq_q, seq_k, heads, 128, topk)
 }
 
 /// Stage 2 on one CTA and one query row, per specialization family.

@@ -13,7 +13,7 @@
 //! findings.
 
 use dsa_indexer_bwd::{Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
-use indexer_tests::{check_against_reference, gpu, run_gpu, Gen, Padding, Problem, Values};
+use indexer_tests::{check_against_reference, gpu, run_gpu, shape, Gen, Padding, Problem, Values};
 use kernels_gpu::sm90::ids_pair_up;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -26,17 +26,6 @@ struct Case {
     gen: Gen,
     /// Rows 2i + 1 copy rows 2i (the paired kernel's test accepts).
     paired: bool,
-}
-
-fn shape(batch: usize, seq_q: usize, seq_k: usize, heads: usize, dim: usize, topk: usize) -> Shape {
-    Shape {
-        batch,
-        seq_q,
-        seq_k,
-        heads,
-        head_dim: dim,
-        topk,
-    }
 }
 
 fn opts(key_ids: KeyIds, score: ScoreKind, dk: GradDtype, dw: GradDtype) -> Options {
