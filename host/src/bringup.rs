@@ -300,18 +300,21 @@ struct Buffers {
     ds: CudaSlice<bf16>,
 }
 
+/// The shape whose tensor maps the probes use: [`KEY_ROWS`] key rows and
+/// one query row of [`HEADS`] heads, one chunk of [`N`] slots.
+const PROBE_SHAPE: Shape = Shape {
+    batch: 1,
+    seq_q: 1,
+    seq_k: KEY_ROWS,
+    heads: HEADS,
+    head_dim: N,
+    topk: N,
+};
+
 /// The two tensor maps as stage 2 encodes them (`sm100::map_args`), over
 /// `k` as the key rows and `q` as one query row of [`HEADS`] heads.
 fn encode_maps(stream: &Arc<CudaStream>, b: &Buffers) -> Result<(TensorMap, TensorMap)> {
-    let shape = Shape {
-        batch: 1,
-        seq_q: 1,
-        seq_k: KEY_ROWS,
-        heads: HEADS,
-        head_dim: N,
-        topk: N,
-    };
-    let (k_args, q_args) = sm100::map_args(&shape)?;
+    let (k_args, q_args) = sm100::map_args(&PROBE_SHAPE)?;
     let (pk, _gk) = b.k.device_ptr(stream);
     let (pq, _gq) = b.q.device_ptr(stream);
     Ok((sm100::encode(pk, &k_args)?, sm100::encode(pq, &q_args)?))
@@ -393,15 +396,7 @@ mod tests {
 
     #[test]
     fn probe_maps_have_the_geometry_of_stage_2s() {
-        let shape = Shape {
-            batch: 1,
-            seq_q: 1,
-            seq_k: KEY_ROWS,
-            heads: HEADS,
-            head_dim: N,
-            topk: N,
-        };
-        let (k, q) = sm100::map_args(&shape).unwrap();
+        let (k, q) = sm100::map_args(&PROBE_SHAPE).unwrap();
         assert_eq!(k.dims, [N as u64, KEY_ROWS as u64]);
         assert_eq!(k.box_dims, [64, 1]);
         assert_eq!(q.dims, [N as u64, HEADS as u64]);
