@@ -24,9 +24,11 @@
 //! Backend::Blackwell, .. }` opts in. [`bringup`] holds the checks the
 //! first owner of such a GPU runs before that (compiled, not executed).
 
+mod args;
 pub mod bringup;
 pub mod cpu;
 mod error;
+mod events;
 pub mod gpu;
 pub mod oneshot;
 mod plan;
@@ -35,11 +37,13 @@ mod shape;
 mod sm100;
 pub mod watchdog;
 
+pub use args::{GradOut, Inputs, Outputs};
 pub use cudarc;
 pub use error::{Error, Result};
+pub use events::{StageEvents, StageTimes};
 pub use gpu::cuda_device_count;
 pub use half::bf16;
-pub use plan::{GradOut, Inputs, Outputs, Plan, StageEvents, StageTimes};
+pub use plan::Plan;
 pub use select::{select, select_backend, Selection, TCGEN05_VALIDATED};
 pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 

@@ -1,15 +1,14 @@
-//! The plan (built once per shape and options) and its validated `execute`.
+//! The plan (built once per shape and options) and its validated
+//! `execute`; the checks are in `args`.
 
+use crate::args::{self, Expected, Inputs, Outputs, Ptrs};
 use crate::error::{Error, Result};
+use crate::events::StageEvents;
 use crate::gpu;
 use crate::select::{check_shared_memory, select};
-use crate::shape::{check_finite, Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
+use crate::shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 use crate::sm100::Sm100Kernels;
-use cudarc::driver::{
-    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DevicePtrMut, DeviceSlice,
-};
-use half::bf16;
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use kernels_gpu::params::{
     grad_kernel_name, stage1_grid, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC,
     FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS,
@@ -18,55 +17,6 @@ use kernels_gpu::params::{
 use kernels_gpu::sm90;
 use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
 use std::sync::Arc;
-
-/// Read-only device inputs of [`Plan::execute`].
-pub struct Inputs<'a> {
-    /// bf16 `(B, S_q, H, D)`, 16-byte aligned.
-    pub index_q: CudaView<'a, bf16>,
-    /// bf16 `(B, S_q, H)`.
-    pub weights: CudaView<'a, bf16>,
-    /// bf16 `(B, S_k, D)`, 16-byte aligned.
-    pub index_k: CudaView<'a, bf16>,
-    /// f32 `(B, S_q, topk)`: predict probabilities or log-probabilities.
-    pub index_score: CudaView<'a, f32>,
-    /// i32 `(B, S_q, topk)`: key ids (invalid ids are padding).
-    pub topk_indices: CudaView<'a, i32>,
-    /// One f32: upstream gradient of the loss, read on the device when the
-    /// kernels run (so a captured graph picks up new values).
-    pub grad_loss: CudaView<'a, f32>,
-}
-
-/// A gradient output in one of the two supported element types.
-pub enum GradOut<'a> {
-    /// f32 elements.
-    F32(CudaViewMut<'a, f32>),
-    /// bf16 elements.
-    Bf16(CudaViewMut<'a, bf16>),
-}
-
-impl GradOut<'_> {
-    fn dtype(&self) -> GradDtype {
-        match self {
-            GradOut::F32(_) => GradDtype::F32,
-            GradOut::Bf16(_) => GradDtype::Bf16,
-        }
-    }
-}
-
-/// Device outputs of [`Plan::execute`].
-pub struct Outputs<'a> {
-    /// f32 `(B, S_q, topk)`: target probabilities on entry, grad_signal on return.
-    pub attn_score: CudaViewMut<'a, f32>,
-    /// bf16 `(B, S_q, H, D)`, 4-byte aligned.
-    pub d_index_q: CudaViewMut<'a, bf16>,
-    /// `(B, S_q, H)` in the plan's `d_weights` type.
-    pub d_weights: GradOut<'a>,
-    /// `(B, S_k, D)` in the plan's `d_index_k` type.
-    pub d_index_k: GradOut<'a>,
-    /// At least [`Plan::workspace_bytes`] bytes, 16-byte aligned (`None`
-    /// allowed when that is zero).
-    pub workspace: Option<CudaViewMut<'a, u8>>,
-}
 
 /// A backward plan for one shape and set of options on one CUDA context:
 /// kernels loaded and configured once, nothing allocated per call.
@@ -96,18 +46,6 @@ pub struct Plan {
     smem_bytes: u32,
     /// Names of the kernels `execute` launches, in order.
     kernels: Vec<&'static str>,
-}
-
-/// One tensor argument as the checks see it.
-struct Arg {
-    name: &'static str,
-    ptr: u64,
-    bytes: usize,
-    len: usize,
-    expected: usize,
-    align: u64,
-    output: bool,
-    ctx: sys::CUcontext,
 }
 
 impl Plan {
@@ -242,10 +180,7 @@ impl Plan {
     /// Device workspace `execute` needs: the f32 accumulator of `d_index_k`
     /// when that output is bf16, zero otherwise.
     pub fn workspace_bytes(&self) -> usize {
-        match self.opts.d_index_k {
-            GradDtype::F32 => 0,
-            GradDtype::Bf16 => self.shape.k_len() * 4,
-        }
+        args::workspace_bytes(&self.shape, &self.opts)
     }
 
     /// Runs the whole backward on `stream` and returns without synchronising.
@@ -294,214 +229,32 @@ impl Plan {
         loss_coeff: f32,
         events: Option<&StageEvents>,
     ) -> Result<()> {
-        check_finite("loss_coeff", loss_coeff)?;
-        let ordinal = self.ctx.ordinal();
-        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
-            return Err(Error::Device {
-                tensor: "stream",
-                expected: ordinal,
-            });
-        }
-        for (tensor, want, got) in [
-            ("d_weights", self.opts.d_weights, outputs.d_weights.dtype()),
-            ("d_index_k", self.opts.d_index_k, outputs.d_index_k.dtype()),
-        ] {
-            if want != got {
-                return Err(Error::Dtype {
-                    tensor,
-                    expected: want.name(),
-                    actual: got.name(),
-                });
-            }
-        }
         let s = &self.shape;
         let ws_needed = self.workspace_bytes();
-
-        // Device addresses; the guards order this stream after earlier
-        // writers (cudarc event tracking) and record our use when dropped.
-        let (q, _gq) = inputs.index_q.device_ptr(stream);
-        let (w, _gw) = inputs.weights.device_ptr(stream);
-        let (k, _gk) = inputs.index_k.device_ptr(stream);
-        let (sc, _gsc) = inputs.index_score.device_ptr(stream);
-        let (ids, _gids) = inputs.topk_indices.device_ptr(stream);
-        let (gl, _ggl) = inputs.grad_loss.device_ptr(stream);
-        let Outputs {
-            attn_score,
-            d_index_q,
-            d_weights,
-            d_index_k,
-            workspace,
-        } = outputs;
-        let (attn_ctx, attn_len) = (ctx_of(attn_score.stream()), attn_score.len());
-        let (dq_ctx, dq_len) = (ctx_of(d_index_q.stream()), d_index_q.len());
-        let (attn, _ga) = attn_score.device_ptr_mut(stream);
-        let (dq, _gdq) = d_index_q.device_ptr_mut(stream);
-        let (dw, dw_bytes, dw_len, dw_ctx, _gdw) = grad_ptr(d_weights, stream);
-        let (dk, dk_bytes, dk_len, dk_ctx, _gdk) = grad_ptr(d_index_k, stream);
-        let (ws, ws_len, ws_ctx, _gws) = match workspace {
-            Some(v) => {
-                let (len, c) = (v.len(), ctx_of(v.stream()));
-                let (p, g) = v.device_ptr_mut(stream);
-                (p, len, c, Some(g))
-            }
-            None => (0, 0, self.ctx.cu_ctx(), None),
+        let want = Expected {
+            shape: s,
+            opts: &self.opts,
+            ctx: &self.ctx,
         };
-
-        let view = |name, ptr, len, elem: usize, expected, align, output, ctx| Arg {
-            name,
-            ptr,
-            bytes: len * elem,
-            len,
-            expected,
-            align,
-            output,
-            ctx,
-        };
-        let args = [
-            view(
-                "index_q",
-                q,
-                inputs.index_q.len(),
-                2,
-                s.q_len(),
-                16,
-                false,
-                ctx_of(inputs.index_q.stream()),
-            ),
-            view(
-                "weights",
-                w,
-                inputs.weights.len(),
-                2,
-                s.w_len(),
-                2,
-                false,
-                ctx_of(inputs.weights.stream()),
-            ),
-            view(
-                "index_k",
-                k,
-                inputs.index_k.len(),
-                2,
-                s.k_len(),
-                16,
-                false,
-                ctx_of(inputs.index_k.stream()),
-            ),
-            view(
-                "index_score",
-                sc,
-                inputs.index_score.len(),
-                4,
-                s.slots(),
-                4,
-                false,
-                ctx_of(inputs.index_score.stream()),
-            ),
-            view(
-                "topk_indices",
-                ids,
-                inputs.topk_indices.len(),
-                4,
-                s.slots(),
-                4,
-                false,
-                ctx_of(inputs.topk_indices.stream()),
-            ),
-            view(
-                "grad_loss",
-                gl,
-                inputs.grad_loss.len(),
-                4,
-                1,
-                4,
-                false,
-                ctx_of(inputs.grad_loss.stream()),
-            ),
-            view(
-                "attn_score",
-                attn,
-                attn_len,
-                4,
-                s.slots(),
-                4,
-                true,
-                attn_ctx,
-            ),
-            view("d_index_q", dq, dq_len, 2, s.q_len(), 4, true, dq_ctx),
-            Arg {
-                name: "d_weights",
-                ptr: dw,
-                bytes: dw_bytes,
-                len: dw_len,
-                expected: s.w_len(),
-                align: 4,
-                output: true,
-                ctx: dw_ctx,
-            },
-            Arg {
-                name: "d_index_k",
-                ptr: dk,
-                bytes: dk_bytes,
-                len: dk_len,
-                expected: s.k_len(),
-                // f32: the accumulator itself, its rows are bulk-reduced
-                // (16-byte aligned); bf16: written by u32 stores.
-                align: if ws_needed == 0 { 16 } else { 4 },
-                output: true,
-                ctx: dk_ctx,
-            },
-            view("workspace", ws, ws_len, 1, ws_len, 16, true, ws_ctx),
-        ];
-        for a in &args {
-            if a.ctx != self.ctx.cu_ctx() {
-                return Err(Error::Device {
-                    tensor: a.name,
-                    expected: ordinal,
-                });
-            }
-        }
-        for a in &args {
-            if a.len != a.expected {
-                return Err(Error::Length {
-                    tensor: a.name,
-                    expected: a.expected,
-                    actual: a.len,
-                });
-            }
-        }
-        if ws_len < ws_needed {
-            return Err(Error::Workspace {
-                required: ws_needed,
-                given: ws_len,
-            });
-        }
-        for a in args.iter().filter(|a| a.bytes > 0) {
-            if a.ptr % a.align != 0 {
-                return Err(Error::Alignment {
-                    tensor: a.name,
-                    address: a.ptr,
-                    align: a.align,
-                });
-            }
-        }
-        for (i, o) in args
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.output && a.bytes > 0)
-        {
-            for (j, other) in args.iter().enumerate() {
-                if i != j && other.bytes > 0 && overlaps(o, other) {
-                    return Err(Error::Overlap {
-                        output: o.name,
-                        other: other.name,
-                    });
-                }
-            }
-        }
+        // Holds the guards of the device addresses until the launches are
+        // queued (see `args::Checked`).
+        let checked = args::check(&want, stream, inputs, outputs, loss_coeff)?;
+        let Ptrs {
+            index_q: q,
+            weights: w,
+            index_k: k,
+            index_score: sc,
+            topk_indices: ids,
+            grad_loss: gl,
+            attn_score: attn,
+            d_index_q: dq,
+            d_weights: dw,
+            d_index_k: dk,
+            workspace: ws,
+        } = checked.ptrs;
 
         // All checks passed: zero the f32 accumulator, run, cast.
-        let accum = if ws_needed > 0 { ws } else { dk };
+        let accum = checked.ptrs.dk_accum(ws_needed);
         let mut flags = 0;
         if self.opts.key_ids == KeyIds::Local {
             flags |= FLAG_LOCAL_IDS;
@@ -537,7 +290,7 @@ impl Plan {
             flags,
             _pad: 0,
         };
-        // SAFETY: every pointer was checked above for context, length,
+        // SAFETY: every pointer was checked by `args::check` for context, length,
         // alignment and aliasing against the plan's shape; the launch shapes
         // are the kernels' contracts (`grid` CTAs of `threads` with
         // `smem_bytes`, limit raised in `new`; the fast path's stage 1 with
@@ -645,91 +398,5 @@ impl Plan {
         }
         mark(events.map(|e| &e.end))?;
         Ok(())
-    }
-}
-
-/// Timing events around the stages of [`Plan::execute_profiled`].
-pub struct StageEvents {
-    /// Before zeroing the f32 dK accumulator.
-    pub start: CudaEvent,
-    /// After zeroing (on the Hopper fast path: after the stage-1 kernel,
-    /// which also zeroes; the event between the two launches costs their
-    /// programmatic overlap, so profiled runs are slightly slower).
-    pub zeroed: CudaEvent,
-    /// After the gradient kernel.
-    pub gradients: CudaEvent,
-    /// After the bf16 cast (when there is one).
-    pub end: CudaEvent,
-}
-
-/// Stage times in microseconds from [`StageEvents`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StageTimes {
-    /// Zeroing of the dK accumulator.
-    pub zeroing_us: f64,
-    /// Score gradient and gradients (one fused kernel).
-    pub gradients_us: f64,
-    /// Cast of dK to bf16 (0 when d_index_k is f32).
-    pub cast_us: f64,
-    /// Whole `execute`.
-    pub total_us: f64,
-}
-
-impl StageEvents {
-    /// Four timing-enabled events on `ctx`.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<StageEvents> {
-        let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
-        Ok(StageEvents {
-            start: ev()?,
-            zeroed: ev()?,
-            gradients: ev()?,
-            end: ev()?,
-        })
-    }
-
-    /// Waits for the last event and returns the stage times.
-    pub fn times(&self) -> Result<StageTimes> {
-        self.end.synchronize()?;
-        let us =
-            |a: &CudaEvent, b: &CudaEvent| -> Result<f64> { Ok(a.elapsed_ms(b)? as f64 * 1e3) };
-        Ok(StageTimes {
-            zeroing_us: us(&self.start, &self.zeroed)?,
-            gradients_us: us(&self.zeroed, &self.gradients)?,
-            cast_us: us(&self.gradients, &self.end)?,
-            total_us: us(&self.start, &self.end)?,
-        })
-    }
-}
-
-fn ctx_of(stream: &Arc<CudaStream>) -> sys::CUcontext {
-    stream.context().cu_ctx()
-}
-
-fn overlaps(a: &Arg, b: &Arg) -> bool {
-    let (a0, a1) = (a.ptr, a.ptr + a.bytes as u64);
-    let (b0, b1) = (b.ptr, b.ptr + b.bytes as u64);
-    a0 < b1 && b0 < a1
-}
-
-type GradPtr<'a> = (
-    u64,
-    usize,
-    usize,
-    sys::CUcontext,
-    cudarc::driver::SyncOnDrop<'a>,
-);
-
-fn grad_ptr<'a>(g: &'a mut GradOut<'_>, stream: &'a CudaStream) -> GradPtr<'a> {
-    match g {
-        GradOut::F32(v) => {
-            let (len, c) = (v.len(), ctx_of(v.stream()));
-            let (p, guard) = v.device_ptr_mut(stream);
-            (p, len * 4, len, c, guard)
-        }
-        GradOut::Bf16(v) => {
-            let (len, c) = (v.len(), ctx_of(v.stream()));
-            let (p, guard) = v.device_ptr_mut(stream);
-            (p, len * 2, len, c, guard)
-        }
     }
 }
