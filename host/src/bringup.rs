@@ -33,8 +33,8 @@ pub use model::{
 
 use crate::error::{Error, Result};
 use crate::gpu::{self, PtxModule};
+use crate::launch::sm100;
 use crate::shape::{Backend, Shape};
-use crate::sm100;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 use kernels_gpu::params::{

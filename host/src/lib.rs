@@ -30,11 +30,11 @@ pub mod cpu;
 mod error;
 mod events;
 pub mod gpu;
+mod launch;
 pub mod oneshot;
 mod plan;
 mod select;
 mod shape;
-mod sm100;
 pub mod watchdog;
 
 pub use args::{GradOut, Inputs, Outputs};
