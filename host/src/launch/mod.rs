@@ -8,34 +8,39 @@
 //! - [`sm90`]: the Hopper wgmma kernels: compute capability 9.0 (`sm_90a`
 //!   module), H = 64, D = 128, topk > 64;
 //! - [`sm100`]: the tcgen05 kernels: compute capability 10.0 / 10.3 with
-//!   `Backend::Blackwell` (compiled and assembled, not executed).
+//!   `Backend::Blackwell` forced, or `Auto` where
+//!   [`crate::TCGEN05_VALIDATED`] lists the GPU (compiled and assembled,
+//!   not executed).
 //!
 //! Every path runs the same stages, in this order, with a
-//! [`StageEvents`] mark after each when profiled: `start`; zeroing of the
+//! [`crate::StageEvents`] mark after each when profiled: `start`; zeroing of the
 //! f32 dK accumulator and stage 1 (score gradient) -> `zeroed`; stage 2
 //! (gradients) -> `gradients`; the cast when `d_index_k` is bf16 -> `end`.
 //! [`launch`] holds that order; this module also builds the kernel
-//! parameters and holds the two kernels more than one path launches
-//! (stage 1, the cast).
+//! parameters and holds the cast, which every path may end with.
+//! `common` holds what the path modules share ([`Run`], the stage-1
+//! launch), so that they import only it and not this module.
 //!
-//! These modules take plain values (device addresses in
-//! [`crate::args::Ptrs`], shape, options) and depend neither on the plan
-//! nor on the argument checks.
+//! These modules take plain values (device addresses in the plain struct
+//! [`crate::args::Ptrs`], shape, options): they never call the checks,
+//! and nothing here imports the plan.
 
+mod common;
 pub(crate) mod rows;
 pub(crate) mod sm100;
 pub(crate) mod sm90;
 
+pub(crate) use common::Run;
+
 use crate::args::Ptrs;
 use crate::error::Result;
-use crate::events::StageEvents;
 use crate::gpu;
 use crate::select::PathKind;
 use crate::shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use kernels_gpu::params::{
-    stage1_grid, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC, FLAG_DW_F32,
-    FLAG_LOCAL_IDS, FLAG_LOG_SCORE, FLAG_ROW_CHUNKS, STAGE1_SMEM, STAGE1_THREADS,
+    CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC, FLAG_DW_F32, FLAG_LOCAL_IDS,
+    FLAG_LOG_SCORE, FLAG_ROW_CHUNKS,
 };
 use std::sync::Arc;
 
@@ -82,31 +87,6 @@ impl Path {
     /// the rest ([`FLAG_ROW_CHUNKS`]): only the wgmma kernel reads them.
     pub(crate) fn row_chunks(&self, shape: &Shape) -> bool {
         matches!(self, Path::Sm90(_)) && sm90::row_chunks(shape)
-    }
-}
-
-/// What one call's launches need: the stream, the kernel parameters, the
-/// optional events, and the buffers of the cast.
-pub(crate) struct Run<'a> {
-    /// The caller's stream.
-    pub stream: &'a CudaStream,
-    /// The plan's shape.
-    pub shape: &'a Shape,
-    /// The checked parameters of stage 1 and stage 2.
-    pub params: GradParams,
-    /// Events to record between the stages (`execute_profiled`).
-    pub events: Option<&'a StageEvents>,
-    /// `(f32 accumulator, bf16 d_index_k)` when `d_index_k` is bf16.
-    pub cast: Option<(u64, u64)>,
-}
-
-impl Run<'_> {
-    /// Records the event `which` picks, when profiling.
-    pub(crate) fn mark(&self, which: fn(&StageEvents) -> &CudaEvent) -> Result<()> {
-        match self.events {
-            Some(e) => Ok(which(e).record(self.stream)?),
-            None => Ok(()),
-        }
     }
 }
 
@@ -158,25 +138,6 @@ pub(crate) unsafe fn launch(path: &Path, cast: &Cast, run: &Run<'_>) -> Result<(
         }
     }
     run.mark(|e| &e.end)
-}
-
-/// Launches stage 1 (grad_signal over `attn_score`, zeroing of
-/// `p.dk_accum`, per-row chunk counts when asked) as an ordinary launch:
-/// the sm90 and sm100 paths start with it.
-///
-/// # Safety
-/// `p` checked for `shape`; `f` is the module's `STAGE1_KERNEL`.
-pub(crate) unsafe fn launch_stage1(
-    stream: &CudaStream,
-    f: &CudaFunction,
-    shape: &Shape,
-    p: &GradParams,
-) -> Result<()> {
-    let grid = stage1_grid(shape.rows() as u32, shape.topk as u32);
-    // SAFETY: forwarded; stage 1's launch contract: one to eight warps
-    // per row in CTAs of STAGE1_THREADS with STAGE1_SMEM bytes, the grid
-    // from `stage1_grid`.
-    unsafe { gpu::launch(stream, f, grid, STAGE1_THREADS, STAGE1_SMEM, p) }
 }
 
 /// The `flags` word of [`GradParams`] for `opts`, with

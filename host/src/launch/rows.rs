@@ -9,7 +9,7 @@
 //! kernels, so this is the path of any GPU of compute capability 9.0 or
 //! newer.
 
-use super::Run;
+use super::common::Run;
 use crate::error::Result;
 use crate::gpu;
 use crate::select::check_shared_memory;

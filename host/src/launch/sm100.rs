@@ -12,7 +12,7 @@
 //! sm_100f, not executed** (no such GPU has been available); the
 //! tensor-map geometry is unit-tested here, the choice in `select.rs`.
 
-use super::{launch_stage1, Run};
+use super::common::{launch_stage1, Run};
 use crate::error::{Error, Result};
 use crate::gpu;
 use crate::shape::Shape;

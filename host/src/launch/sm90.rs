@@ -12,7 +12,7 @@
 //! ids inside both picks the one that computes, the other exits at once
 //! (`FLAG_PAIR_DISPATCH`).
 
-use super::{launch_stage1, Run};
+use super::common::{launch_stage1, Run};
 use crate::error::Result;
 use crate::gpu;
 use crate::shape::Shape;
