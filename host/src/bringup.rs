@@ -242,7 +242,7 @@ pub fn smoke(ctx: &Arc<CudaContext>) -> Result<ProbeReport> {
 }
 
 /// Runs every probe of [`PROBES`] in order and compares each with the CPU
-/// ([`diagnose`]). Stops after a probe whose launch or execution fails
+/// ([`diagnose()`]). Stops after a probe whose launch or execution fails
 /// (reported as such: the context is unusable after a fault), so the last
 /// report may be that failure. `Err` means the probes could not be set up
 /// (not an sm_100-family GPU: [`Error::BackendUnavailable`]; module load;

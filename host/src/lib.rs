@@ -17,7 +17,7 @@
 //! Runs on: NVIDIA GPUs of compute capability 9.0 or newer, tested on an
 //! H200 (sm_90). Other GPUs load the `sm_100f` module (10.0, 10.3) or the
 //! portable `sm_90` module (any other, JIT-compiled by the driver) and run
-//! the `mma.sync` row kernels ([`select`] has the table). The Blackwell
+//! the `mma.sync` row kernels ([`select()`] has the table). The Blackwell
 //! path (sm_100/sm_103, tcgen05 kernels) is compiled and assembled for
 //! `sm_100f`, not executed (no such GPU available): [`Backend::Auto`] never
 //! picks it while [`TCGEN05_VALIDATED`] is empty; `Options { backend:

@@ -30,7 +30,7 @@ impl Plan {
     /// module for the context's GPU (by exact compute capability: `sm_90a`
     /// on 9.0, `sm_100f` on 10.0 and 10.3, the portable `sm_90` module on
     /// any other GPU of compute capability 9.0 or newer) and configures the
-    /// kernels [`crate::select`] chose.
+    /// kernels [`crate::select()`] chose.
     ///
     /// Fails with [`crate::Error::UnsupportedDevice`] below compute
     /// capability 9.0, [`crate::Error::BackendUnavailable`] when
