@@ -33,8 +33,8 @@ pub use model::{
 
 use crate::error::{Error, Result};
 use crate::gpu::{self, PtxModule};
+use crate::launch::sm100;
 use crate::shape::{Backend, Shape};
-use crate::sm100;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 use kernels_gpu::params::{
@@ -242,7 +242,7 @@ pub fn smoke(ctx: &Arc<CudaContext>) -> Result<ProbeReport> {
 }
 
 /// Runs every probe of [`PROBES`] in order and compares each with the CPU
-/// ([`diagnose`]). Stops after a probe whose launch or execution fails
+/// ([`diagnose()`]). Stops after a probe whose launch or execution fails
 /// (reported as such: the context is unusable after a fault), so the last
 /// report may be that failure. `Err` means the probes could not be set up
 /// (not an sm_100-family GPU: [`Error::BackendUnavailable`]; module load;

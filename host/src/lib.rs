@@ -17,29 +17,33 @@
 //! Runs on: NVIDIA GPUs of compute capability 9.0 or newer, tested on an
 //! H200 (sm_90). Other GPUs load the `sm_100f` module (10.0, 10.3) or the
 //! portable `sm_90` module (any other, JIT-compiled by the driver) and run
-//! the `mma.sync` row kernels ([`select`] has the table). The Blackwell
+//! the `mma.sync` row kernels ([`select()`] has the table). The Blackwell
 //! path (sm_100/sm_103, tcgen05 kernels) is compiled and assembled for
 //! `sm_100f`, not executed (no such GPU available): [`Backend::Auto`] never
 //! picks it while [`TCGEN05_VALIDATED`] is empty; `Options { backend:
 //! Backend::Blackwell, .. }` opts in. [`bringup`] holds the checks the
 //! first owner of such a GPU runs before that (compiled, not executed).
 
+mod args;
 pub mod bringup;
 pub mod cpu;
 mod error;
+mod events;
 pub mod gpu;
+mod launch;
 pub mod oneshot;
 mod plan;
 mod select;
 mod shape;
-mod sm100;
 pub mod watchdog;
 
+pub use args::{GradOut, Inputs, Outputs};
 pub use cudarc;
 pub use error::{Error, Result};
+pub use events::{StageEvents, StageTimes};
 pub use gpu::cuda_device_count;
 pub use half::bf16;
-pub use plan::{GradOut, Inputs, Outputs, Plan, StageEvents, StageTimes};
+pub use plan::Plan;
 pub use select::{select, select_backend, Selection, TCGEN05_VALIDATED};
 pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 

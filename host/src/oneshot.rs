@@ -2,9 +2,10 @@
 //! one is present, else on the CPU fallback. Allocates and synchronises;
 //! for training loops build a [`Plan`] once and call `execute`.
 
+use crate::args::{GradOut, Inputs, Outputs};
 use crate::cpu::{self, HostGrad, HostInputs, HostOutputs};
 use crate::error::Result;
-use crate::plan::{GradOut, Inputs, Outputs, Plan};
+use crate::plan::Plan;
 use crate::shape::{GradDtype, Options, Shape};
 use cudarc::driver::{CudaContext, CudaStream};
 use half::bf16;

@@ -1,113 +1,28 @@
-//! The plan (built once per shape and options) and its validated `execute`.
+//! The plan (built once per shape and options) and its validated `execute`:
+//! the checks are in `args`, the launches of each path in `launch`.
 
-use crate::error::{Error, Result};
-use crate::gpu;
-use crate::select::{check_shared_memory, select};
-use crate::shape::{check_finite, Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
-use crate::sm100::Sm100Kernels;
-use cudarc::driver::{
-    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DevicePtrMut, DeviceSlice,
-};
-use half::bf16;
-use kernels_gpu::params::{
-    grad_kernel_name, stage1_grid, CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC,
-    FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS,
-    STAGE1_KERNEL, STAGE1_SMEM, STAGE1_THREADS,
-};
-use kernels_gpu::sm90;
-use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
+use crate::args::{self, Expected, Inputs, Outputs};
+use crate::error::Result;
+use crate::events::StageEvents;
+use crate::launch::{self, Cast, Path, Run};
+use crate::select::{select, PathKind};
+use crate::shape::{Backend, Options, Shape};
+use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::Arc;
-
-/// Read-only device inputs of [`Plan::execute`].
-pub struct Inputs<'a> {
-    /// bf16 `(B, S_q, H, D)`, 16-byte aligned.
-    pub index_q: CudaView<'a, bf16>,
-    /// bf16 `(B, S_q, H)`.
-    pub weights: CudaView<'a, bf16>,
-    /// bf16 `(B, S_k, D)`, 16-byte aligned.
-    pub index_k: CudaView<'a, bf16>,
-    /// f32 `(B, S_q, topk)`: predict probabilities or log-probabilities.
-    pub index_score: CudaView<'a, f32>,
-    /// i32 `(B, S_q, topk)`: key ids (invalid ids are padding).
-    pub topk_indices: CudaView<'a, i32>,
-    /// One f32: upstream gradient of the loss, read on the device when the
-    /// kernels run (so a captured graph picks up new values).
-    pub grad_loss: CudaView<'a, f32>,
-}
-
-/// A gradient output in one of the two supported element types.
-pub enum GradOut<'a> {
-    /// f32 elements.
-    F32(CudaViewMut<'a, f32>),
-    /// bf16 elements.
-    Bf16(CudaViewMut<'a, bf16>),
-}
-
-impl GradOut<'_> {
-    fn dtype(&self) -> GradDtype {
-        match self {
-            GradOut::F32(_) => GradDtype::F32,
-            GradOut::Bf16(_) => GradDtype::Bf16,
-        }
-    }
-}
-
-/// Device outputs of [`Plan::execute`].
-pub struct Outputs<'a> {
-    /// f32 `(B, S_q, topk)`: target probabilities on entry, grad_signal on return.
-    pub attn_score: CudaViewMut<'a, f32>,
-    /// bf16 `(B, S_q, H, D)`, 4-byte aligned.
-    pub d_index_q: CudaViewMut<'a, bf16>,
-    /// `(B, S_q, H)` in the plan's `d_weights` type.
-    pub d_weights: GradOut<'a>,
-    /// `(B, S_k, D)` in the plan's `d_index_k` type.
-    pub d_index_k: GradOut<'a>,
-    /// At least [`Plan::workspace_bytes`] bytes, 16-byte aligned (`None`
-    /// allowed when that is zero).
-    pub workspace: Option<CudaViewMut<'a, u8>>,
-}
 
 /// A backward plan for one shape and set of options on one CUDA context:
 /// kernels loaded and configured once, nothing allocated per call.
 pub struct Plan {
     shape: Shape,
     opts: Options,
-    /// The tcgen05 kernels when the Blackwell backend was selected.
-    sm100: Option<Sm100Kernels>,
     ctx: Arc<CudaContext>,
-    /// The gradient kernel (one CTA per query row, or persistent on the
-    /// fast path).
-    row_fn: CudaFunction,
-    cast_fn: CudaFunction,
-    /// Fast path only: stage 1 + dK zeroing, launched before `row_fn`,
-    /// which then runs as its programmatic dependent.
-    stage1_fn: Option<CudaFunction>,
-    /// Fast path with an even number of rows: the paired kernel
-    /// (`sm90::WG_PAIR_KERNEL`) and its grid, launched between stage 1 and
-    /// `row_fn`; a test on the ids inside both picks which one computes
-    /// (`FLAG_PAIR_DISPATCH`).
-    pair: Option<(CudaFunction, u32)>,
-    /// CTAs of `row_fn`.
-    grid: u32,
-    /// Threads per CTA of `row_fn`.
-    threads: u32,
-    /// Dynamic shared memory of `row_fn` (limit raised in `new`).
-    smem_bytes: u32,
+    /// The kernels of the one path this plan runs.
+    path: Path,
+    /// The f32 -> bf16 cast of the dK accumulator (launched only when
+    /// `d_index_k` is bf16).
+    cast: Cast,
     /// Names of the kernels `execute` launches, in order.
     kernels: Vec<&'static str>,
-}
-
-/// One tensor argument as the checks see it.
-struct Arg {
-    name: &'static str,
-    ptr: u64,
-    bytes: usize,
-    len: usize,
-    expected: usize,
-    align: u64,
-    output: bool,
-    ctx: sys::CUcontext,
 }
 
 impl Plan {
@@ -115,96 +30,32 @@ impl Plan {
     /// module for the context's GPU (by exact compute capability: `sm_90a`
     /// on 9.0, `sm_100f` on 10.0 and 10.3, the portable `sm_90` module on
     /// any other GPU of compute capability 9.0 or newer) and configures the
-    /// kernels [`crate::select`] chose.
+    /// kernels [`crate::select()`] chose.
     ///
-    /// Fails with [`Error::UnsupportedDevice`] below compute capability
-    /// 9.0, [`Error::BackendUnavailable`] when `Backend::Blackwell` is forced
-    /// where the tcgen05 kernels cannot run, and [`Error::SharedMemory`]
-    /// when the shape's row kernel needs more shared memory per block than
-    /// the GPU has (H = 128, D = 128 on 12.x GPUs).
+    /// Fails with [`crate::Error::UnsupportedDevice`] below compute
+    /// capability 9.0, [`crate::Error::BackendUnavailable`] when
+    /// `Backend::Blackwell` is forced where the tcgen05 kernels cannot run,
+    /// and [`crate::Error::SharedMemory`] when the shape's row kernel needs
+    /// more shared memory per block than the GPU has (H = 128, D = 128 on
+    /// 12.x GPUs).
     pub fn new(ctx: &Arc<CudaContext>, shape: Shape, opts: Options) -> Result<Plan> {
         shape.validate()?;
         opts.validate()?;
-        let name =
-            grad_kernel_name(shape.heads as u32, shape.head_dim as u32).ok_or(Error::Shape {
-                name: "heads x head_dim",
-                value: shape.heads * shape.head_dim,
-                expected: "heads in {16, 32, 64, 128} and head_dim in {64, 128}",
-            })?;
-        // The module by exact compute capability, then the kernels it
-        // holds (`select`): on the sm_90a module, H = 64, D = 128, more than
-        // one chunk per row, the fast path (stage-1 kernel, then the
-        // persistent wgmma kernel as its programmatic dependent).
-        // Everything else on the Hopper backend: the mma.sync row kernel of
-        // the shape after a memset.
+        // The module by exact compute capability, then the path it and the
+        // shape allow (`select`, `PathKind`).
         let (major, minor) = ctx.compute_capability()?;
         let sel = select(major, minor, &shape, opts.backend)?;
+        let kind = PathKind::choose(&sel, &shape)?;
         let module = sel.module.load(ctx)?;
-        // Fast path, even rows: the paired kernel and its grid.
-        let mut pair = None;
-        let (row_fn, threads, smem_bytes, stage1_fn, grid) = if sel.wgmma {
-            let sms =
-                ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-            let sms = sms.max(1) as u32;
-            let rows = shape.rows() as u32;
-            if sm90::supports_pairs(shape.rows() as u64, shape.topk as u64) {
-                let f = module.load_function(sm90::WG_PAIR_KERNEL)?;
-                gpu::set_dynamic_smem(&f, sm90::PAIR.bytes)?;
-                pair = Some((f, sm90::pair_grid(rows, sms)));
-            }
-            (
-                module.load_function(sm90::WG_KERNEL)?,
-                sm90::THREADS,
-                sm90::SMEM.bytes,
-                Some(module.load_function(STAGE1_KERNEL)?),
-                sm90::grid(rows, sms),
-            )
-        } else {
-            let smem = RowSmem::new(shape.heads as u32, shape.head_dim as u32);
-            // GPUs with less shared memory per block than Hopper (12.x:
-            // 99 KiB) cannot run the largest row kernels.
-            let available = ctx.attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )?;
-            check_shared_memory(name, smem.bytes, available, (major, minor))?;
-            (
-                module.load_function(name)?,
-                GRAD_THREADS,
-                smem.bytes,
-                None,
-                shape.rows() as u32,
-            )
-        };
-        gpu::set_dynamic_smem(&row_fn, smem_bytes)?;
-        let cast_fn = module.load_function(CAST_KERNEL)?;
-        let sm100 = match sel.backend {
-            Backend::Blackwell => Some(Sm100Kernels::new(ctx, &module, &shape)?),
-            _ => None,
-        };
-        let mut kernels = match (&sm100, sel.wgmma) {
-            (Some(k), _) => vec![STAGE1_KERNEL, k.stage2_name()],
-            (None, true) if pair.is_some() => {
-                vec![STAGE1_KERNEL, sm90::WG_PAIR_KERNEL, sm90::WG_KERNEL]
-            }
-            (None, true) => vec![STAGE1_KERNEL, sm90::WG_KERNEL],
-            (None, false) => vec![name],
-        };
-        if opts.d_index_k == GradDtype::Bf16 {
-            kernels.push(CAST_KERNEL);
-        }
+        let path = Path::new(ctx, &module, kind, &shape, (major, minor))?;
+        let cast = Cast::new(&module)?;
         Ok(Plan {
             shape,
             opts,
-            sm100,
             ctx: ctx.clone(),
-            row_fn,
-            cast_fn,
-            stage1_fn,
-            pair,
-            threads,
-            smem_bytes,
-            grid,
-            kernels,
+            path,
+            cast,
+            kernels: kind.kernels(opts.d_index_k),
         })
     }
 
@@ -222,11 +73,7 @@ impl Plan {
     /// on every other GPU) or [`Backend::Blackwell`] (tcgen05; compiled,
     /// not executed, and only when forced: see [`crate::TCGEN05_VALIDATED`]).
     pub fn backend(&self) -> Backend {
-        if self.sm100.is_some() {
-            Backend::Blackwell
-        } else {
-            Backend::Hopper
-        }
+        self.path.backend()
     }
 
     /// The plan's shape.
@@ -242,22 +89,19 @@ impl Plan {
     /// Device workspace `execute` needs: the f32 accumulator of `d_index_k`
     /// when that output is bf16, zero otherwise.
     pub fn workspace_bytes(&self) -> usize {
-        match self.opts.d_index_k {
-            GradDtype::F32 => 0,
-            GradDtype::Bf16 => self.shape.k_len() * 4,
-        }
+        args::workspace_bytes(&self.shape, &self.opts)
     }
 
     /// Runs the whole backward on `stream` and returns without synchronising.
     ///
     /// Everything is checked first (contexts, element counts and types,
     /// alignment, overlaps, workspace, `loss_coeff`); a failed check returns
-    /// an [`Error`] before anything is launched, and no buffer has been
-    /// touched. Then: `attn_score` <- grad_signal, `d_index_q`,
+    /// an [`crate::Error`] before anything is launched, and no buffer has
+    /// been touched. Then: `attn_score` <- grad_signal, `d_index_q`,
     /// `d_weights`, `d_index_k` written. No device memory is allocated.
-    /// An [`Error::Driver`] from a launch can follow launches already
-    /// queued by this call: then the outputs (`attn_score` included) are
-    /// unspecified (see [`Error`]).
+    /// An [`crate::Error::Driver`] from a launch can follow launches
+    /// already queued by this call: then the outputs (`attn_score`
+    /// included) are unspecified (see [`crate::Error`]).
     ///
     /// Non-finite values in the tensors (`grad_loss` included, which is
     /// read on the device) are not scanned for: they propagate into the
@@ -286,6 +130,7 @@ impl Plan {
         self.run(stream, inputs, outputs, loss_coeff, Some(events))
     }
 
+    /// The checks, then the launches of the plan's path.
     fn run(
         &self,
         stream: &CudaStream,
@@ -294,442 +139,30 @@ impl Plan {
         loss_coeff: f32,
         events: Option<&StageEvents>,
     ) -> Result<()> {
-        check_finite("loss_coeff", loss_coeff)?;
-        let ordinal = self.ctx.ordinal();
-        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
-            return Err(Error::Device {
-                tensor: "stream",
-                expected: ordinal,
-            });
-        }
-        for (tensor, want, got) in [
-            ("d_weights", self.opts.d_weights, outputs.d_weights.dtype()),
-            ("d_index_k", self.opts.d_index_k, outputs.d_index_k.dtype()),
-        ] {
-            if want != got {
-                return Err(Error::Dtype {
-                    tensor,
-                    expected: want.name(),
-                    actual: got.name(),
-                });
-            }
-        }
-        let s = &self.shape;
+        let (s, opts) = (&self.shape, &self.opts);
+        let want = Expected {
+            shape: s,
+            opts,
+            ctx: &self.ctx,
+        };
+        // Holds the guards of the device addresses until the launches are
+        // queued (see `args::Checked`).
+        let checked = args::check(&want, stream, inputs, outputs, loss_coeff)?;
+        let ptrs = checked.ptrs;
         let ws_needed = self.workspace_bytes();
-
-        // Device addresses; the guards order this stream after earlier
-        // writers (cudarc event tracking) and record our use when dropped.
-        let (q, _gq) = inputs.index_q.device_ptr(stream);
-        let (w, _gw) = inputs.weights.device_ptr(stream);
-        let (k, _gk) = inputs.index_k.device_ptr(stream);
-        let (sc, _gsc) = inputs.index_score.device_ptr(stream);
-        let (ids, _gids) = inputs.topk_indices.device_ptr(stream);
-        let (gl, _ggl) = inputs.grad_loss.device_ptr(stream);
-        let Outputs {
-            attn_score,
-            d_index_q,
-            d_weights,
-            d_index_k,
-            workspace,
-        } = outputs;
-        let (attn_ctx, attn_len) = (ctx_of(attn_score.stream()), attn_score.len());
-        let (dq_ctx, dq_len) = (ctx_of(d_index_q.stream()), d_index_q.len());
-        let (attn, _ga) = attn_score.device_ptr_mut(stream);
-        let (dq, _gdq) = d_index_q.device_ptr_mut(stream);
-        let (dw, dw_bytes, dw_len, dw_ctx, _gdw) = grad_ptr(d_weights, stream);
-        let (dk, dk_bytes, dk_len, dk_ctx, _gdk) = grad_ptr(d_index_k, stream);
-        let (ws, ws_len, ws_ctx, _gws) = match workspace {
-            Some(v) => {
-                let (len, c) = (v.len(), ctx_of(v.stream()));
-                let (p, g) = v.device_ptr_mut(stream);
-                (p, len, c, Some(g))
-            }
-            None => (0, 0, self.ctx.cu_ctx(), None),
+        let accum = ptrs.dk_accum(ws_needed);
+        let flags = launch::flags(opts, self.path.row_chunks(s));
+        let run = Run {
+            stream,
+            shape: s,
+            params: launch::grad_params(&ptrs, accum, s, opts, loss_coeff, flags),
+            events,
+            cast: (ws_needed > 0).then_some((ptrs.workspace, ptrs.d_index_k)),
         };
-
-        let view = |name, ptr, len, elem: usize, expected, align, output, ctx| Arg {
-            name,
-            ptr,
-            bytes: len * elem,
-            len,
-            expected,
-            align,
-            output,
-            ctx,
-        };
-        let args = [
-            view(
-                "index_q",
-                q,
-                inputs.index_q.len(),
-                2,
-                s.q_len(),
-                16,
-                false,
-                ctx_of(inputs.index_q.stream()),
-            ),
-            view(
-                "weights",
-                w,
-                inputs.weights.len(),
-                2,
-                s.w_len(),
-                2,
-                false,
-                ctx_of(inputs.weights.stream()),
-            ),
-            view(
-                "index_k",
-                k,
-                inputs.index_k.len(),
-                2,
-                s.k_len(),
-                16,
-                false,
-                ctx_of(inputs.index_k.stream()),
-            ),
-            view(
-                "index_score",
-                sc,
-                inputs.index_score.len(),
-                4,
-                s.slots(),
-                4,
-                false,
-                ctx_of(inputs.index_score.stream()),
-            ),
-            view(
-                "topk_indices",
-                ids,
-                inputs.topk_indices.len(),
-                4,
-                s.slots(),
-                4,
-                false,
-                ctx_of(inputs.topk_indices.stream()),
-            ),
-            view(
-                "grad_loss",
-                gl,
-                inputs.grad_loss.len(),
-                4,
-                1,
-                4,
-                false,
-                ctx_of(inputs.grad_loss.stream()),
-            ),
-            view(
-                "attn_score",
-                attn,
-                attn_len,
-                4,
-                s.slots(),
-                4,
-                true,
-                attn_ctx,
-            ),
-            view("d_index_q", dq, dq_len, 2, s.q_len(), 4, true, dq_ctx),
-            Arg {
-                name: "d_weights",
-                ptr: dw,
-                bytes: dw_bytes,
-                len: dw_len,
-                expected: s.w_len(),
-                align: 4,
-                output: true,
-                ctx: dw_ctx,
-            },
-            Arg {
-                name: "d_index_k",
-                ptr: dk,
-                bytes: dk_bytes,
-                len: dk_len,
-                expected: s.k_len(),
-                // f32: the accumulator itself, its rows are bulk-reduced
-                // (16-byte aligned); bf16: written by u32 stores.
-                align: if ws_needed == 0 { 16 } else { 4 },
-                output: true,
-                ctx: dk_ctx,
-            },
-            view("workspace", ws, ws_len, 1, ws_len, 16, true, ws_ctx),
-        ];
-        for a in &args {
-            if a.ctx != self.ctx.cu_ctx() {
-                return Err(Error::Device {
-                    tensor: a.name,
-                    expected: ordinal,
-                });
-            }
-        }
-        for a in &args {
-            if a.len != a.expected {
-                return Err(Error::Length {
-                    tensor: a.name,
-                    expected: a.expected,
-                    actual: a.len,
-                });
-            }
-        }
-        if ws_len < ws_needed {
-            return Err(Error::Workspace {
-                required: ws_needed,
-                given: ws_len,
-            });
-        }
-        for a in args.iter().filter(|a| a.bytes > 0) {
-            if a.ptr % a.align != 0 {
-                return Err(Error::Alignment {
-                    tensor: a.name,
-                    address: a.ptr,
-                    align: a.align,
-                });
-            }
-        }
-        for (i, o) in args
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.output && a.bytes > 0)
-        {
-            for (j, other) in args.iter().enumerate() {
-                if i != j && other.bytes > 0 && overlaps(o, other) {
-                    return Err(Error::Overlap {
-                        output: o.name,
-                        other: other.name,
-                    });
-                }
-            }
-        }
-
-        // All checks passed: zero the f32 accumulator, run, cast.
-        let accum = if ws_needed > 0 { ws } else { dk };
-        let mut flags = 0;
-        if self.opts.key_ids == KeyIds::Local {
-            flags |= FLAG_LOCAL_IDS;
-        }
-        if self.opts.score == ScoreKind::LogProbs {
-            flags |= FLAG_LOG_SCORE;
-        }
-        if self.opts.d_weights == GradDtype::F32 {
-            flags |= FLAG_DW_F32;
-        }
-        if self.stage1_fn.is_some() && s.topk >= sm90::SKIP_MIN_TOPK as usize {
-            // Fast path: stage 1 counts each row's live chunks (over its
-            // d_weights block) and the wgmma kernel skips the rest.
-            flags |= FLAG_ROW_CHUNKS;
-        }
-        let p = GradParams {
-            index_q: q,
-            weights: w,
-            index_k: k,
-            attn_score: attn,
-            index_score: sc,
-            topk_indices: ids,
-            grad_loss: gl,
-            d_index_q: dq,
-            d_weights: dw,
-            dk_accum: accum,
-            batch: s.batch as u32,
-            seq_q: s.seq_q as u32,
-            seq_k: s.seq_k as u32,
-            topk: s.topk as u32,
-            sm_scale: self.opts.sm_scale,
-            coeff: (loss_coeff as f64 / s.rows() as f64) as f32,
-            flags,
-            _pad: 0,
-        };
-        // SAFETY: every pointer was checked above for context, length,
-        // alignment and aliasing against the plan's shape; the launch shapes
-        // are the kernels' contracts (`grid` CTAs of `threads` with
-        // `smem_bytes`, limit raised in `new`; the fast path's stage 1 with
-        // one to eight warps per row and `STAGE1_SMEM` bytes, then (even
-        // rows) the paired wgmma kernel with `pair`'s grid of `sm90::PAIR`
-        // CTAs, then the wgmma row kernel;
-        // each executes griddepcontrol.wait before it reads what stage 1
-        // writes, and the paired one before it exits).
-        let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
-        mark(events.map(|e| &e.start))?;
-        if let Some(k) = &self.sm100 {
-            return self.run_tcgen05(k, stream, &p, ws, dk, events);
-        }
-        unsafe {
-            // Fast path: stage 1 zeroes the accumulator and writes
-            // grad_signal, and the wgmma kernel runs as its programmatic
-            // dependent (overlapping its prologue). Otherwise a memset, then
-            // the row kernel (stage 1 fused) as an ordinary launch.
-            let launch_row = match &self.stage1_fn {
-                Some(stage1) => {
-                    let grid = stage1_grid(s.rows() as u32, s.topk as u32);
-                    gpu::launch(stream, stage1, grid, STAGE1_THREADS, STAGE1_SMEM, &p)?;
-                    gpu::launch_pdl::<GradParams>
-                }
-                None => {
-                    gpu::memset_zero(stream, accum, s.k_len() * 4)?;
-                    gpu::launch::<GradParams>
-                }
-            };
-            mark(events.map(|e| &e.zeroed))?;
-            let mut p = p;
-            if let Some((pair_fn, pair_grid)) = &self.pair {
-                // The paired kernel as stage 1's programmatic dependent, the
-                // row kernel as the paired kernel's; one of the two exits
-                // at once (the dispatch test of FLAG_PAIR_DISPATCH). The
-                // paired kernel exits only after waiting for stage 1, so
-                // the row kernel's wait also covers stage 1.
-                gpu::launch_pdl(
-                    stream,
-                    pair_fn,
-                    *pair_grid,
-                    sm90::PAIR.threads,
-                    sm90::PAIR.bytes,
-                    &p,
-                )?;
-                p.flags |= FLAG_PAIR_DISPATCH;
-            }
-            launch_row(
-                stream,
-                &self.row_fn,
-                self.grid,
-                self.threads,
-                self.smem_bytes,
-                &p,
-            )?;
-            mark(events.map(|e| &e.gradients))?;
-            if ws_needed > 0 {
-                self.launch_cast(stream, ws, dk)?;
-            }
-        }
-        mark(events.map(|e| &e.end))?;
-        Ok(())
-    }
-
-    /// The f32 -> bf16 cast of the dK accumulator `ws` into `dk`.
-    ///
-    /// # Safety
-    /// `ws` and `dk` validated by `run` for this plan's shape.
-    unsafe fn launch_cast(&self, stream: &CudaStream, ws: u64, dk: u64) -> Result<()> {
-        let c = CastParams {
-            src: ws,
-            dst: dk,
-            len: self.shape.k_len() as u64,
-        };
-        let per_block = (CAST_THREADS * CAST_VEC) as usize;
-        let grid = self.shape.k_len().div_ceil(per_block).min(65_535) as u32;
-        // SAFETY: forwarded; the cast kernel's launch contract.
-        unsafe { gpu::launch(stream, &self.cast_fn, grid, CAST_THREADS, 0, &c) }
-    }
-
-    /// The launches of `run` on the tcgen05 path: stage 1 (which also zeroes
-    /// the f32 accumulator `p.dk_accum`), stage 2 as its programmatic
-    /// dependent, then the cast when `d_index_k` is bf16. `run` has already
-    /// checked everything and recorded `events.start`.
-    fn run_tcgen05(
-        &self,
-        k: &Sm100Kernels,
-        stream: &CudaStream,
-        p: &GradParams,
-        ws: u64,
-        dk: u64,
-        events: Option<&StageEvents>,
-    ) -> Result<()> {
-        let mark = |e: Option<&CudaEvent>| e.map_or(Ok(()), |e| e.record(stream));
-        // Zeroing is fused into stage 1, so `zeroed` directly follows `start`.
-        mark(events.map(|e| &e.zeroed))?;
-        // SAFETY: `p` and the buffers were validated by `run` for this
-        // plan's shape, which `select_backend` accepted for these kernels.
-        unsafe {
-            k.launch(stream, &self.shape, p)?;
-            mark(events.map(|e| &e.gradients))?;
-            if self.workspace_bytes() > 0 {
-                self.launch_cast(stream, ws, dk)?;
-            }
-        }
-        mark(events.map(|e| &e.end))?;
-        Ok(())
-    }
-}
-
-/// Timing events around the stages of [`Plan::execute_profiled`].
-pub struct StageEvents {
-    /// Before zeroing the f32 dK accumulator.
-    pub start: CudaEvent,
-    /// After zeroing (on the Hopper fast path: after the stage-1 kernel,
-    /// which also zeroes; the event between the two launches costs their
-    /// programmatic overlap, so profiled runs are slightly slower).
-    pub zeroed: CudaEvent,
-    /// After the gradient kernel.
-    pub gradients: CudaEvent,
-    /// After the bf16 cast (when there is one).
-    pub end: CudaEvent,
-}
-
-/// Stage times in microseconds from [`StageEvents`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StageTimes {
-    /// Zeroing of the dK accumulator.
-    pub zeroing_us: f64,
-    /// Score gradient and gradients (one fused kernel).
-    pub gradients_us: f64,
-    /// Cast of dK to bf16 (0 when d_index_k is f32).
-    pub cast_us: f64,
-    /// Whole `execute`.
-    pub total_us: f64,
-}
-
-impl StageEvents {
-    /// Four timing-enabled events on `ctx`.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<StageEvents> {
-        let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
-        Ok(StageEvents {
-            start: ev()?,
-            zeroed: ev()?,
-            gradients: ev()?,
-            end: ev()?,
-        })
-    }
-
-    /// Waits for the last event and returns the stage times.
-    pub fn times(&self) -> Result<StageTimes> {
-        self.end.synchronize()?;
-        let us =
-            |a: &CudaEvent, b: &CudaEvent| -> Result<f64> { Ok(a.elapsed_ms(b)? as f64 * 1e3) };
-        Ok(StageTimes {
-            zeroing_us: us(&self.start, &self.zeroed)?,
-            gradients_us: us(&self.zeroed, &self.gradients)?,
-            cast_us: us(&self.gradients, &self.end)?,
-            total_us: us(&self.start, &self.end)?,
-        })
-    }
-}
-
-fn ctx_of(stream: &Arc<CudaStream>) -> sys::CUcontext {
-    stream.context().cu_ctx()
-}
-
-fn overlaps(a: &Arg, b: &Arg) -> bool {
-    let (a0, a1) = (a.ptr, a.ptr + a.bytes as u64);
-    let (b0, b1) = (b.ptr, b.ptr + b.bytes as u64);
-    a0 < b1 && b0 < a1
-}
-
-type GradPtr<'a> = (
-    u64,
-    usize,
-    usize,
-    sys::CUcontext,
-    cudarc::driver::SyncOnDrop<'a>,
-);
-
-fn grad_ptr<'a>(g: &'a mut GradOut<'_>, stream: &'a CudaStream) -> GradPtr<'a> {
-    match g {
-        GradOut::F32(v) => {
-            let (len, c) = (v.len(), ctx_of(v.stream()));
-            let (p, guard) = v.device_ptr_mut(stream);
-            (p, len * 4, len, c, guard)
-        }
-        GradOut::Bf16(v) => {
-            let (len, c) = (v.len(), ctx_of(v.stream()));
-            let (p, guard) = v.device_ptr_mut(stream);
-            (p, len * 2, len, c, guard)
-        }
+        // SAFETY: every address in `run` passed `args::check` for this
+        // plan's shape and options (context, length, element type,
+        // alignment, no output aliasing another tensor), and `path` and
+        // `cast` were loaded for this shape in `new`.
+        unsafe { launch::launch(&self.path, &self.cast, &run) }
     }
 }

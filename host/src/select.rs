@@ -1,11 +1,15 @@
 //! What a plan runs on a GPU, decided from its compute capability, the
-//! shape and `Options::backend` alone (no CUDA call), so that the whole
-//! table (on [`select`]) is unit-tested without a GPU.
+//! shape and `Options` alone (no CUDA call), so that the whole table (on
+//! [`select`]) and the path each row leads to ([`PathKind`], with the
+//! kernels it launches) are unit-tested without a GPU.
 
 use crate::error::{Error, Result};
 use crate::gpu::PtxModule;
-use crate::shape::{Backend, Shape};
-use crate::sm100::blackwell_shape_gap;
+use crate::shape::{Backend, GradDtype, Shape};
+use kernels_gpu::params::{
+    grad_kernel_name, sm100_stage2_kernel_name, CAST_KERNEL, SM100_DIM, SM100_HEADS, SM100_TOPKS,
+    STAGE1_KERNEL,
+};
 use kernels_gpu::sm90;
 
 /// Compute capabilities `(major, minor)` on which the tcgen05 (Blackwell)
@@ -121,6 +125,95 @@ fn select_with(
         backend,
         wgmma,
     })
+}
+
+/// Why the tcgen05 kernels cannot take `shape`, or `None` when they can.
+pub(crate) fn blackwell_shape_gap(shape: &Shape) -> Option<&'static str> {
+    let in_list = |v: usize, list: &[u32]| list.iter().any(|&x| x as usize == v);
+    if !in_list(shape.heads, &SM100_HEADS)
+        || shape.head_dim != SM100_DIM as usize
+        || !in_list(shape.topk, &SM100_TOPKS)
+    {
+        return Some("shape outside the tcgen05 specializations (H in {32, 64}, D = 128, topk in {128, 256, 384})");
+    }
+    // q rows are TMA coordinates (i32).
+    if shape
+        .rows()
+        .checked_mul(shape.heads)
+        .is_none_or(|v| v > i32::MAX as usize)
+    {
+        return Some("B * S_q * H must stay below 2^31 for the q tensor map");
+    }
+    None
+}
+
+/// The path a plan runs and the kernels it names, decided from its
+/// [`Selection`] and shape alone; `launch::Path` loads what it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PathKind {
+    /// The `mma.sync` row kernel `kernel` of the shape (one CTA per query
+    /// row, stage 1 fused) after a memset: every module, every shape the
+    /// other two paths do not take.
+    Rows {
+        /// The row kernel's name (`grad_kernel_name`).
+        kernel: &'static str,
+    },
+    /// The Hopper fast path (`sm_90a` module, H = 64, D = 128, topk > 64):
+    /// stage 1, then, when `paired`, the paired wgmma kernel, then the
+    /// persistent wgmma row kernel.
+    Sm90 {
+        /// Whether the paired kernel is launched (an even number of rows).
+        paired: bool,
+    },
+    /// The tcgen05 path (`Backend::Blackwell`): stage 1, then the stage-2
+    /// specialization `stage2`.
+    Sm100 {
+        /// The stage-2 kernel's name (`sm100_stage2_kernel_name`).
+        stage2: &'static str,
+    },
+}
+
+impl PathKind {
+    /// The path of a plan for `shape` whose kernels `sel` chose.
+    pub(crate) fn choose(sel: &Selection, shape: &Shape) -> Result<PathKind> {
+        let (heads, dim, topk) = (shape.heads as u32, shape.head_dim as u32, shape.topk as u32);
+        Ok(if sel.backend == Backend::Blackwell {
+            let stage2 = sm100_stage2_kernel_name(topk, heads).ok_or(Error::Shape {
+                name: "topk x heads",
+                value: shape.topk,
+                expected: "a tcgen05 specialization",
+            })?;
+            PathKind::Sm100 { stage2 }
+        } else if sel.wgmma {
+            PathKind::Sm90 {
+                paired: sm90::supports_pairs(shape.rows() as u64, shape.topk as u64),
+            }
+        } else {
+            let kernel = grad_kernel_name(heads, dim).ok_or(Error::Shape {
+                name: "heads x head_dim",
+                value: shape.heads * shape.head_dim,
+                expected: "heads in {16, 32, 64, 128} and head_dim in {64, 128}",
+            })?;
+            PathKind::Rows { kernel }
+        })
+    }
+
+    /// Names of the kernels `execute` launches on this path, in launch
+    /// order: the path's own, then the cast when `d_index_k` is bf16.
+    pub(crate) fn kernels(self, d_index_k: GradDtype) -> Vec<&'static str> {
+        let mut kernels = match self {
+            PathKind::Rows { kernel } => vec![kernel],
+            PathKind::Sm90 { paired: true } => {
+                vec![STAGE1_KERNEL, sm90::WG_PAIR_KERNEL, sm90::WG_KERNEL]
+            }
+            PathKind::Sm90 { paired: false } => vec![STAGE1_KERNEL, sm90::WG_KERNEL],
+            PathKind::Sm100 { stage2 } => vec![STAGE1_KERNEL, stage2],
+        };
+        if d_index_k == GradDtype::Bf16 {
+            kernels.push(CAST_KERNEL);
+        }
+        kernels
+    }
 }
 
 /// Checks that `kernel`, which needs `required` bytes of dynamic shared
@@ -381,5 +474,87 @@ mod tests {
         for (major, minor) in [(9, 5), (10, 0), (10, 3), (11, 0), (12, 0), (13, 0)] {
             assert!(!fast(major, minor, &both()), "{major}.{minor}");
         }
+    }
+
+    #[test]
+    fn q_rows_must_fit_a_tma_coordinate() {
+        let big = Shape {
+            batch: 1,
+            seq_q: (1 << 25) + 1,
+            ..shape(64, 128, 128)
+        };
+        assert!(blackwell_shape_gap(&big).is_some());
+        assert!(blackwell_shape_gap(&shape(64, 128, 128)).is_none());
+    }
+
+    /// The path of a plan for `s` on `major.minor` with `backend`.
+    fn path(major: i32, minor: i32, s: &Shape, backend: Backend) -> PathKind {
+        PathKind::choose(&select(major, minor, s, backend).unwrap(), s).unwrap()
+    }
+
+    #[test]
+    fn each_selection_leads_to_one_path() {
+        let rows = |h, d| PathKind::Rows {
+            kernel: grad_kernel_name(h, d).unwrap(),
+        };
+        // 9.0: the fast path for H = 64, D = 128, topk > 64, paired when
+        // the number of rows is even; the row kernels otherwise.
+        let odd = Shape {
+            seq_q: 101,
+            batch: 1,
+            ..both()
+        };
+        assert_eq!(
+            path(9, 0, &both(), Backend::Auto),
+            PathKind::Sm90 { paired: true }
+        );
+        assert_eq!(
+            path(9, 0, &odd, Backend::Hopper),
+            PathKind::Sm90 { paired: false }
+        );
+        assert_eq!(
+            path(9, 0, &shape(64, 128, 64), Backend::Auto),
+            rows(64, 128)
+        );
+        assert_eq!(path(9, 0, &shape(32, 64, 256), Backend::Auto), rows(32, 64));
+        // Other GPUs: the row kernels, unless tcgen05 is forced on 10.x.
+        for (major, minor) in [(10, 0), (10, 3), (12, 0)] {
+            assert_eq!(path(major, minor, &both(), Backend::Auto), rows(64, 128));
+        }
+        assert_eq!(
+            path(10, 3, &shape(32, 128, 384), Backend::Blackwell),
+            PathKind::Sm100 {
+                stage2: "sm100_stage2_t384_h32"
+            }
+        );
+    }
+
+    #[test]
+    fn each_path_names_its_kernels_in_launch_order() {
+        use GradDtype::{Bf16, F32};
+        let row = grad_kernel_name(64, 128).unwrap();
+        let t = "sm100_stage2_t256_h64";
+        let cases: [(PathKind, &[&str]); 4] = [
+            (PathKind::Rows { kernel: row }, &[row]),
+            (
+                PathKind::Sm90 { paired: true },
+                &[STAGE1_KERNEL, sm90::WG_PAIR_KERNEL, sm90::WG_KERNEL],
+            ),
+            (
+                PathKind::Sm90 { paired: false },
+                &[STAGE1_KERNEL, sm90::WG_KERNEL],
+            ),
+            (PathKind::Sm100 { stage2: t }, &[STAGE1_KERNEL, t]),
+        ];
+        for (p, names) in cases {
+            assert_eq!(p.kernels(F32), names, "{p:?}");
+            let mut with_cast = names.to_vec();
+            with_cast.push(CAST_KERNEL);
+            assert_eq!(p.kernels(Bf16), with_cast, "{p:?}");
+        }
+        assert_eq!(
+            path(10, 0, &both(), Backend::Blackwell).kernels(F32),
+            [STAGE1_KERNEL, t]
+        );
     }
 }

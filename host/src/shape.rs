@@ -155,7 +155,7 @@ impl GradDtype {
 /// `Options { backend: Backend::Blackwell, .. }`. [`Backend::Auto`] sends a
 /// GPU to it only if that compute capability is listed in
 /// [`crate::TCGEN05_VALIDATED`] (a recorded hardware validation; none
-/// today). The full table is in [`crate::select`].
+/// today). The full table is in [`crate::select()`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
     /// The kernels tested on the H200: on sm_90 (9.0) the wgmma fast path

@@ -1,17 +1,23 @@
-//! The Blackwell (sm_100 family) path: the shapes it takes, tensor-map
-//! encoding and the two launches (stage 1, then stage 2 as its programmatic
-//! dependent). **Compiled and assembled for sm_100f, not executed** (no
-//! such GPU has been available); the shape check and the tensor-map
-//! geometry are unit-tested here, the backend choice in `select.rs`.
+//! The Blackwell (sm_100 family) path: stage 1 (grad_signal, zeroing of
+//! the f32 dK accumulator), then the persistent tcgen05 stage-2 kernel as
+//! its programmatic dependent, with K rows gathered and q tiles loaded by
+//! TMA through two tensor maps encoded per call (their geometry is here
+//! too, shared with the bring-up probes).
+//!
+//! Chosen ([`crate::select::PathKind::Sm100`]) only on compute capability
+//! 10.0 / 10.3 (`sm_100f` module) for the shapes the stage-2
+//! specializations take (`crate::select::blackwell_shape_gap`), and only
+//! when `Backend::Blackwell` is forced or the capability is listed in
+//! [`crate::TCGEN05_VALIDATED`] (none today). **Compiled and assembled for
+//! sm_100f, not executed** (no such GPU has been available); the
+//! tensor-map geometry is unit-tested here, the choice in `select.rs`.
 
+use super::common::{launch_stage1, Run};
 use crate::error::{Error, Result};
 use crate::gpu;
 use crate::shape::Shape;
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
-use kernels_gpu::params::{
-    sm100_stage2_kernel_name, stage1_grid, GradParams, Sm100Params, TensorMap, SM100_DIM,
-    SM100_HEADS, SM100_STAGE2_THREADS, SM100_TOPKS, STAGE1_KERNEL, STAGE1_SMEM, STAGE1_THREADS,
-};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use kernels_gpu::params::{Sm100Params, TensorMap, SM100_STAGE2_THREADS, STAGE1_KERNEL};
 use kernels_gpu::sm100::budget::SM100_SMEM;
 use kernels_gpu::sm100::sched;
 use kernels_gpu::sm100::tmap::{gather_map, q_tile_map, Map2d};
@@ -19,26 +25,6 @@ use std::sync::Arc;
 
 /// Columns of one TMA box row (the 128-byte swizzle span of bf16).
 const BOX_INNER: u32 = 64;
-
-/// Why the tcgen05 kernels cannot take `shape`, or `None` when they can.
-pub fn blackwell_shape_gap(shape: &Shape) -> Option<&'static str> {
-    let in_list = |v: usize, list: &[u32]| list.iter().any(|&x| x as usize == v);
-    if !in_list(shape.heads, &SM100_HEADS)
-        || shape.head_dim != SM100_DIM as usize
-        || !in_list(shape.topk, &SM100_TOPKS)
-    {
-        return Some("shape outside the tcgen05 specializations (H in {32, 64}, D = 128, topk in {128, 256, 384})");
-    }
-    // q rows are TMA coordinates (i32).
-    if shape
-        .rows()
-        .checked_mul(shape.heads)
-        .is_none_or(|v| v > i32::MAX as usize)
-    {
-        return Some("B * S_q * H must stay below 2^31 for the q tensor map");
-    }
-    None
-}
 
 /// Arguments of `cuTensorMapEncodeTiled` for a 2D bf16 map, 128-byte
 /// swizzle (plain data, so the geometry is testable without a GPU).
@@ -123,27 +109,24 @@ pub(crate) fn encode(base: u64, a: &TiledArgs) -> Result<TensorMap> {
 }
 
 /// The loaded and configured tcgen05 kernels of one plan.
-pub struct Sm100Kernels {
+pub(crate) struct Sm100Kernels {
     stage1: CudaFunction,
     stage2: CudaFunction,
-    stage2_name: &'static str,
     sms: u32,
     maps: (TiledArgs, TiledArgs),
 }
 
 impl Sm100Kernels {
-    /// Loads stage 1 and the stage-2 specialization for `shape` (which
-    /// [`crate::select_backend`] accepted) and raises stage 2's shared
-    /// memory.
-    pub fn new(ctx: &Arc<CudaContext>, module: &Arc<CudaModule>, shape: &Shape) -> Result<Self> {
-        let name = sm100_stage2_kernel_name(shape.topk as u32, shape.heads as u32).ok_or(
-            Error::Shape {
-                name: "topk x heads",
-                value: shape.topk,
-                expected: "a tcgen05 specialization",
-            },
-        )?;
-        let stage2 = module.load_function(name)?;
+    /// Loads stage 1 and the stage-2 specialization `stage2` for `shape`
+    /// (which [`crate::select_backend`] accepted) and raises stage 2's
+    /// shared memory.
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        module: &Arc<CudaModule>,
+        shape: &Shape,
+        stage2: &'static str,
+    ) -> Result<Self> {
+        let stage2 = module.load_function(stage2)?;
         gpu::set_dynamic_smem(&stage2, SM100_SMEM)?;
         let stage1 = module.load_function(STAGE1_KERNEL)?;
         let sms =
@@ -151,41 +134,37 @@ impl Sm100Kernels {
         Ok(Sm100Kernels {
             stage1,
             stage2,
-            stage2_name: name,
             sms: sms.max(1) as u32,
             maps: map_args(shape)?,
         })
     }
 
-    /// Name of the stage-2 specialization this plan launches.
-    pub fn stage2_name(&self) -> &'static str {
-        self.stage2_name
-    }
-
-    /// Stage 1 (grad_signal, zeroing of `p.dk_accum`), then stage 2 as its
-    /// programmatic dependent, on `stream`.
+    /// Encodes the two tensor maps over the call's `index_k` and
+    /// `index_q`, then launches stage 1 and stage 2 as its programmatic
+    /// dependent. Zeroing is fused into stage 1, so the `zeroed` mark
+    /// directly follows `start`; `gradients` follows stage 2.
     ///
     /// # Safety
-    /// `p` was validated by `Plan::execute` for `shape` (pointers, lengths,
-    /// 16-byte alignment of `index_q`, `index_k` and `dk_accum`).
-    pub unsafe fn launch(&self, stream: &CudaStream, shape: &Shape, p: &GradParams) -> Result<()> {
+    /// `run.params` passed `args::check` for this plan's shape (pointers,
+    /// lengths, 16-byte alignment of `index_q`, `index_k` and `dk_accum`).
+    pub(crate) unsafe fn launch(&self, run: &Run<'_>) -> Result<()> {
+        run.mark(|e| &e.zeroed)?;
+        let p = &run.params;
         let params = Sm100Params {
             k_map: encode(p.index_k, &self.maps.0)?,
             q_map: encode(p.index_q, &self.maps.1)?,
             p: *p,
         };
-        let rows = shape.rows() as u32;
-        let grid1 = stage1_grid(rows, shape.topk as u32);
-        let grid2 = sched::grid(self.sms, rows).max(1);
-        // SAFETY: forwarded from the caller; launch shapes are the kernels'
-        // documented contracts (stage 1: one to eight warps per row,
-        // STAGE1_SMEM bytes; stage 2: one persistent CTA per SM at most,
-        // SM100_SMEM bytes, a dependent of stage 1 that waits with
-        // griddepcontrol.wait before touching its outputs).
+        let grid2 = sched::grid(self.sms, run.shape.rows() as u32).max(1);
+        // SAFETY: forwarded from the caller; stage 1's contract is kept by
+        // `launch_stage1`; stage 2: one persistent CTA per SM at most,
+        // SM100_STAGE2_THREADS threads, SM100_SMEM bytes (limit raised in
+        // `new`), a dependent of stage 1 that waits with
+        // griddepcontrol.wait before touching its outputs.
         unsafe {
-            gpu::launch(stream, &self.stage1, grid1, STAGE1_THREADS, STAGE1_SMEM, p)?;
+            launch_stage1(run.stream, &self.stage1, run.shape, p)?;
             gpu::launch_pdl(
-                stream,
+                run.stream,
                 &self.stage2,
                 grid2,
                 SM100_STAGE2_THREADS,
@@ -193,7 +172,7 @@ impl Sm100Kernels {
                 &params,
             )?;
         }
-        Ok(())
+        run.mark(|e| &e.gradients)
     }
 }
 
@@ -211,17 +190,6 @@ mod tests {
             head_dim,
             topk,
         }
-    }
-
-    #[test]
-    fn q_rows_must_fit_a_tma_coordinate() {
-        let big = Shape {
-            batch: 1,
-            seq_q: (1 << 25) + 1,
-            ..shape(64, 128, 128)
-        };
-        assert!(blackwell_shape_gap(&big).is_some());
-        assert!(blackwell_shape_gap(&shape(64, 128, 128)).is_none());
     }
 
     #[test]

@@ -1,0 +1,575 @@
+//! The arguments of [`crate::Plan::execute`] and every check it makes on
+//! them before the first write.
+//!
+//! SPEC ("Contract of `execute`") asks that a bad call return a typed error
+//! naming the tensor and leave every buffer untouched, so all of this runs
+//! before anything is launched. The checks run in a fixed order, so a call
+//! with several faults always gets the same error: `loss_coeff` finite, the
+//! stream on the plan's context, the element types of the two typed
+//! outputs; then, over all eleven tensors in the order of [`Ptrs`]: context,
+//! element count, workspace size, alignment, overlap of each output with
+//! every other tensor.
+//!
+//! Nothing here launches or depends on the plan or the launchers: the plan
+//! passes its shape, options and context in, and gets plain device
+//! addresses ([`Ptrs`]) back.
+
+use crate::error::{Error, Result};
+use crate::shape::{check_finite, GradDtype, Options, Shape};
+use cudarc::driver::{
+    sys, CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
+    SyncOnDrop,
+};
+use half::bf16;
+use std::sync::Arc;
+
+/// Read-only device inputs of [`crate::Plan::execute`].
+pub struct Inputs<'a> {
+    /// bf16 `(B, S_q, H, D)`, 16-byte aligned.
+    pub index_q: CudaView<'a, bf16>,
+    /// bf16 `(B, S_q, H)`.
+    pub weights: CudaView<'a, bf16>,
+    /// bf16 `(B, S_k, D)`, 16-byte aligned.
+    pub index_k: CudaView<'a, bf16>,
+    /// f32 `(B, S_q, topk)`: predict probabilities or log-probabilities.
+    pub index_score: CudaView<'a, f32>,
+    /// i32 `(B, S_q, topk)`: key ids (invalid ids are padding).
+    pub topk_indices: CudaView<'a, i32>,
+    /// One f32: upstream gradient of the loss, read on the device when the
+    /// kernels run (so a captured graph picks up new values).
+    pub grad_loss: CudaView<'a, f32>,
+}
+
+/// A gradient output in one of the two supported element types.
+pub enum GradOut<'a> {
+    /// f32 elements.
+    F32(CudaViewMut<'a, f32>),
+    /// bf16 elements.
+    Bf16(CudaViewMut<'a, bf16>),
+}
+
+impl GradOut<'_> {
+    fn dtype(&self) -> GradDtype {
+        match self {
+            GradOut::F32(_) => GradDtype::F32,
+            GradOut::Bf16(_) => GradDtype::Bf16,
+        }
+    }
+}
+
+/// Device outputs of [`crate::Plan::execute`].
+pub struct Outputs<'a> {
+    /// f32 `(B, S_q, topk)`: target probabilities on entry, grad_signal on return.
+    pub attn_score: CudaViewMut<'a, f32>,
+    /// bf16 `(B, S_q, H, D)`, 4-byte aligned.
+    pub d_index_q: CudaViewMut<'a, bf16>,
+    /// `(B, S_q, H)` in the plan's `d_weights` type.
+    pub d_weights: GradOut<'a>,
+    /// `(B, S_k, D)` in the plan's `d_index_k` type.
+    pub d_index_k: GradOut<'a>,
+    /// At least [`crate::Plan::workspace_bytes`] bytes, 16-byte aligned
+    /// (`None` allowed when that is zero).
+    pub workspace: Option<CudaViewMut<'a, u8>>,
+}
+
+/// Device workspace a plan of `shape` and `opts` needs: the f32
+/// accumulator of `d_index_k` when that output is bf16, zero otherwise.
+pub(crate) fn workspace_bytes(shape: &Shape, opts: &Options) -> usize {
+    match opts.d_index_k {
+        GradDtype::F32 => 0,
+        GradDtype::Bf16 => shape.k_len() * 4,
+    }
+}
+
+/// Device addresses of a checked call (0 for a missing workspace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Ptrs {
+    pub index_q: u64,
+    pub weights: u64,
+    pub index_k: u64,
+    pub index_score: u64,
+    pub topk_indices: u64,
+    pub grad_loss: u64,
+    pub attn_score: u64,
+    pub d_index_q: u64,
+    pub d_weights: u64,
+    pub d_index_k: u64,
+    pub workspace: u64,
+}
+
+impl Ptrs {
+    /// Where the kernels accumulate dK in f32: the workspace when
+    /// `d_index_k` is bf16 (`workspace_bytes > 0`), else `d_index_k` itself.
+    pub(crate) fn dk_accum(&self, workspace_bytes: usize) -> u64 {
+        if workspace_bytes > 0 {
+            self.workspace
+        } else {
+            self.d_index_k
+        }
+    }
+}
+
+/// The addresses of a call that passed every check, and the guards that
+/// keep cudarc's event tracking right: taking an address orders `stream`
+/// after earlier writers of that buffer, and dropping the guard (after the
+/// launches) records this call's use.
+pub(crate) struct Checked<'a> {
+    pub ptrs: Ptrs,
+    _guards: Vec<SyncOnDrop<'a>>,
+}
+
+/// What the checks compare the arguments with: the plan's shape, options
+/// and context.
+pub(crate) struct Expected<'a> {
+    pub shape: &'a Shape,
+    pub opts: &'a Options,
+    pub ctx: &'a Arc<CudaContext>,
+}
+
+/// Runs every check of `execute` on its arguments, in the order of the
+/// module docs, and returns their device addresses; an error leaves every
+/// buffer untouched.
+pub(crate) fn check<'a>(
+    want: &Expected<'_>,
+    stream: &'a CudaStream,
+    inputs: &'a Inputs<'_>,
+    outputs: &'a mut Outputs<'_>,
+    loss_coeff: f32,
+) -> Result<Checked<'a>> {
+    check_finite("loss_coeff", loss_coeff)?;
+    let ordinal = want.ctx.ordinal();
+    if stream.context().cu_ctx() != want.ctx.cu_ctx() {
+        return Err(Error::Device {
+            tensor: "stream",
+            expected: ordinal,
+        });
+    }
+    for (tensor, expected, got) in [
+        ("d_weights", want.opts.d_weights, outputs.d_weights.dtype()),
+        ("d_index_k", want.opts.d_index_k, outputs.d_index_k.dtype()),
+    ] {
+        if expected != got {
+            return Err(Error::Dtype {
+                tensor,
+                expected: expected.name(),
+                actual: got.name(),
+            });
+        }
+    }
+    let ws_needed = workspace_bytes(want.shape, want.opts);
+    let mut guards = Vec::with_capacity(11);
+    let args = collect(want, stream, inputs, outputs, ws_needed, &mut guards);
+    let ws_len = args[10].len;
+    check_args(&args, want.ctx.cu_ctx(), ordinal, ws_len, ws_needed)?;
+    // `collect` returns the tensors in the order of `Ptrs`' fields.
+    let p = args.map(|a| a.ptr);
+    Ok(Checked {
+        ptrs: Ptrs {
+            index_q: p[0],
+            weights: p[1],
+            index_k: p[2],
+            index_score: p[3],
+            topk_indices: p[4],
+            grad_loss: p[5],
+            attn_score: p[6],
+            d_index_q: p[7],
+            d_weights: p[8],
+            d_index_k: p[9],
+            workspace: p[10],
+        },
+        _guards: guards,
+    })
+}
+
+/// One tensor argument as the checks see it.
+#[derive(Clone, Copy, Debug)]
+struct Arg {
+    name: &'static str,
+    ptr: u64,
+    bytes: usize,
+    len: usize,
+    expected: usize,
+    align: u64,
+    output: bool,
+    ctx: sys::CUcontext,
+}
+
+/// The eleven tensors of a call in the order of [`Ptrs`], each with what
+/// the plan expects of it (element count, alignment the kernels need).
+fn collect<'a>(
+    want: &Expected<'_>,
+    stream: &'a CudaStream,
+    inputs: &'a Inputs<'_>,
+    outputs: &'a mut Outputs<'_>,
+    ws_needed: usize,
+    guards: &mut Vec<SyncOnDrop<'a>>,
+) -> [Arg; 11] {
+    let s = want.shape;
+    let Outputs {
+        attn_score,
+        d_index_q,
+        d_weights,
+        d_index_k,
+        workspace,
+    } = outputs;
+    // f32 d_index_k is the accumulator itself, whose rows are
+    // bulk-reduced (16-byte aligned); bf16 is written by u32 stores.
+    let dk_align = if ws_needed == 0 { 16 } else { 4 };
+    let mut g = |(arg, guard): (Arg, SyncOnDrop<'a>)| {
+        guards.push(guard);
+        arg
+    };
+    [
+        g(input("index_q", &inputs.index_q, stream, s.q_len(), 16)),
+        g(input("weights", &inputs.weights, stream, s.w_len(), 2)),
+        g(input("index_k", &inputs.index_k, stream, s.k_len(), 16)),
+        g(input(
+            "index_score",
+            &inputs.index_score,
+            stream,
+            s.slots(),
+            4,
+        )),
+        g(input(
+            "topk_indices",
+            &inputs.topk_indices,
+            stream,
+            s.slots(),
+            4,
+        )),
+        g(input("grad_loss", &inputs.grad_loss, stream, 1, 4)),
+        g(output("attn_score", attn_score, stream, s.slots(), 4)),
+        g(output("d_index_q", d_index_q, stream, s.q_len(), 4)),
+        g(grad("d_weights", d_weights, stream, s.w_len(), 4)),
+        g(grad("d_index_k", d_index_k, stream, s.k_len(), dk_align)),
+        match workspace {
+            Some(v) => {
+                let len = v.len();
+                g(output("workspace", v, stream, len, 16))
+            }
+            None => Arg {
+                name: "workspace",
+                ptr: 0,
+                bytes: 0,
+                len: 0,
+                expected: 0,
+                align: 16,
+                output: true,
+                ctx: want.ctx.cu_ctx(),
+            },
+        },
+    ]
+}
+
+fn ctx_of(stream: &Arc<CudaStream>) -> sys::CUcontext {
+    stream.context().cu_ctx()
+}
+
+fn input<'a, T>(
+    name: &'static str,
+    v: &'a CudaView<'_, T>,
+    stream: &'a CudaStream,
+    expected: usize,
+    align: u64,
+) -> (Arg, SyncOnDrop<'a>) {
+    let (ptr, guard) = v.device_ptr(stream);
+    let arg = Arg {
+        name,
+        ptr,
+        bytes: v.len() * std::mem::size_of::<T>(),
+        len: v.len(),
+        expected,
+        align,
+        output: false,
+        ctx: ctx_of(v.stream()),
+    };
+    (arg, guard)
+}
+
+fn output<'a, T>(
+    name: &'static str,
+    v: &'a mut CudaViewMut<'_, T>,
+    stream: &'a CudaStream,
+    expected: usize,
+    align: u64,
+) -> (Arg, SyncOnDrop<'a>) {
+    let (len, ctx) = (v.len(), ctx_of(v.stream()));
+    let (ptr, guard) = v.device_ptr_mut(stream);
+    let arg = Arg {
+        name,
+        ptr,
+        bytes: len * std::mem::size_of::<T>(),
+        len,
+        expected,
+        align,
+        output: true,
+        ctx,
+    };
+    (arg, guard)
+}
+
+fn grad<'a>(
+    name: &'static str,
+    g: &'a mut GradOut<'_>,
+    stream: &'a CudaStream,
+    expected: usize,
+    align: u64,
+) -> (Arg, SyncOnDrop<'a>) {
+    match g {
+        GradOut::F32(v) => output(name, v, stream, expected, align),
+        GradOut::Bf16(v) => output(name, v, stream, expected, align),
+    }
+}
+
+/// The checks over all tensors, each kind over all of them before the
+/// next: context (against the plan's `ctx`, device `ordinal`), element
+/// count, workspace size, alignment, overlap of each non-empty output with
+/// every other non-empty tensor. `ws_len` bytes of workspace were given,
+/// `ws_needed` are needed.
+fn check_args(
+    args: &[Arg],
+    ctx: sys::CUcontext,
+    ordinal: usize,
+    ws_len: usize,
+    ws_needed: usize,
+) -> Result<()> {
+    if let Some(a) = args.iter().find(|a| a.ctx != ctx) {
+        return Err(Error::Device {
+            tensor: a.name,
+            expected: ordinal,
+        });
+    }
+    if let Some(a) = args.iter().find(|a| a.len != a.expected) {
+        return Err(Error::Length {
+            tensor: a.name,
+            expected: a.expected,
+            actual: a.len,
+        });
+    }
+    if ws_len < ws_needed {
+        return Err(Error::Workspace {
+            required: ws_needed,
+            given: ws_len,
+        });
+    }
+    let live = || args.iter().filter(|a| a.bytes > 0);
+    if let Some(a) = live().find(|a| a.ptr % a.align != 0) {
+        return Err(Error::Alignment {
+            tensor: a.name,
+            address: a.ptr,
+            align: a.align,
+        });
+    }
+    for (i, o) in args.iter().enumerate().filter(|(_, a)| a.output) {
+        for (j, other) in args.iter().enumerate() {
+            if i != j && o.bytes > 0 && other.bytes > 0 && overlaps(o, other) {
+                return Err(Error::Overlap {
+                    output: o.name,
+                    other: other.name,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the byte ranges of `a` and `b` share a byte.
+fn overlaps(a: &Arg, b: &Arg) -> bool {
+    let (a0, a1) = (a.ptr, a.ptr + a.bytes as u64);
+    let (b0, b1) = (b.ptr, b.ptr + b.bytes as u64);
+    a0 < b1 && b0 < a1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A context handle for the checks to compare; never dereferenced.
+    fn plan_ctx() -> sys::CUcontext {
+        std::ptr::null_mut()
+    }
+
+    fn other_ctx() -> sys::CUcontext {
+        std::ptr::dangling_mut()
+    }
+
+    /// `name` of `len` f32 elements at `ptr`, as the plan expects it.
+    fn arg(name: &'static str, ptr: u64, len: usize, output: bool) -> Arg {
+        Arg {
+            name,
+            ptr,
+            bytes: len * 4,
+            len,
+            expected: len,
+            align: 16,
+            output,
+            ctx: plan_ctx(),
+        }
+    }
+
+    /// Two inputs and two outputs, 1 KiB each, 4 KiB apart, no workspace.
+    fn good() -> Vec<Arg> {
+        vec![
+            arg("in0", 0x10000, 256, false),
+            arg("in1", 0x11000, 256, false),
+            arg("out0", 0x12000, 256, true),
+            arg("out1", 0x13000, 256, true),
+            Arg {
+                bytes: 0,
+                len: 0,
+                expected: 0,
+                ..arg("workspace", 0, 0, true)
+            },
+        ]
+    }
+
+    /// The checks with the last argument as the workspace.
+    fn check(args: &[Arg], ws_needed: usize) -> Result<()> {
+        let ws_len = args.last().map_or(0, |a| a.len);
+        check_args(args, plan_ctx(), 3, ws_len, ws_needed)
+    }
+
+    #[test]
+    fn well_formed_arguments_pass() {
+        assert!(check(&good(), 0).is_ok());
+    }
+
+    #[test]
+    fn overlap_is_half_open_and_symmetric() {
+        let a = arg("a", 100, 4, true); // bytes [100, 116)
+        for (ptr, len, want) in [
+            (116, 4, false), // adjacent after
+            (84, 4, false),  // adjacent before: [84, 100)
+            (115, 1, true),  // last byte
+            (88, 4, true),   // [88, 104)
+            (104, 1, true),  // inside
+            (0, 1000, true), // around
+        ] {
+            let b = arg("b", ptr, len, false);
+            assert_eq!(overlaps(&a, &b), want, "{ptr} {len}");
+            assert_eq!(overlaps(&b, &a), want, "{ptr} {len}");
+        }
+    }
+
+    #[test]
+    fn an_output_overlapping_any_other_tensor_is_rejected() {
+        // Output over an input: named as (output, input).
+        let mut args = good();
+        args[2].ptr = args[1].ptr + 512;
+        assert!(matches!(
+            check(&args, 0),
+            Err(Error::Overlap {
+                output: "out0",
+                other: "in1"
+            })
+        ));
+        // Two outputs: the first output in order is named.
+        let mut args = good();
+        args[3].ptr = args[2].ptr;
+        assert!(matches!(
+            check(&args, 0),
+            Err(Error::Overlap {
+                output: "out0",
+                other: "out1"
+            })
+        ));
+        // Two inputs may share memory; empty tensors overlap nothing.
+        let mut args = good();
+        args[1].ptr = args[0].ptr;
+        args[4].ptr = args[2].ptr + 8;
+        assert!(check(&args, 0).is_ok());
+    }
+
+    #[test]
+    fn checks_run_in_order_context_length_workspace_alignment_overlap() {
+        // Every fault at once: the context is reported first.
+        let mut args = good();
+        args[3].ctx = other_ctx();
+        args[1].len = 3;
+        args[0].ptr += 4;
+        args[2].ptr = args[3].ptr;
+        assert!(matches!(
+            check(&args, 64),
+            Err(Error::Device {
+                tensor: "out1",
+                expected: 3
+            })
+        ));
+        args[3].ctx = plan_ctx();
+        assert!(matches!(
+            check(&args, 64),
+            Err(Error::Length {
+                tensor: "in1",
+                expected: 256,
+                actual: 3
+            })
+        ));
+        args[1].len = 256;
+        assert!(matches!(
+            check(&args, 64),
+            Err(Error::Workspace {
+                required: 64,
+                given: 0
+            })
+        ));
+        assert!(matches!(
+            check(&args, 0),
+            Err(Error::Alignment {
+                tensor: "in0",
+                align: 16,
+                ..
+            })
+        ));
+        args[0].ptr -= 4;
+        assert!(matches!(check(&args, 0), Err(Error::Overlap { .. })));
+        args[2].ptr = 0x12000;
+        assert!(check(&args, 0).is_ok());
+    }
+
+    #[test]
+    fn empty_tensors_skip_alignment_and_the_workspace_is_counted_in_bytes() {
+        let mut args = good();
+        args[4].ptr = 3; // no bytes: the address is not checked
+        assert!(check(&args, 0).is_ok());
+        args[4] = Arg {
+            bytes: 256,
+            len: 256,
+            expected: 256,
+            ..arg("workspace", 0x20000, 0, true)
+        };
+        assert!(check(&args, 256).is_ok());
+        assert!(matches!(
+            check(&args, 257),
+            Err(Error::Workspace {
+                required: 257,
+                given: 256
+            })
+        ));
+    }
+
+    #[test]
+    fn the_accumulator_is_the_workspace_only_for_a_bf16_d_index_k() {
+        let shape = Shape {
+            batch: 2,
+            seq_q: 3,
+            seq_k: 5,
+            heads: 16,
+            head_dim: 64,
+            topk: 7,
+        };
+        let f32_dk = Options::default();
+        let bf16_dk = Options {
+            d_index_k: GradDtype::Bf16,
+            ..f32_dk
+        };
+        assert_eq!(workspace_bytes(&shape, &f32_dk), 0);
+        assert_eq!(workspace_bytes(&shape, &bf16_dk), 2 * 5 * 64 * 4);
+        let p = Ptrs {
+            d_index_k: 0x100,
+            workspace: 0x200,
+            ..Ptrs::default()
+        };
+        assert_eq!(p.dk_accum(workspace_bytes(&shape, &f32_dk)), 0x100);
+        assert_eq!(p.dk_accum(workspace_bytes(&shape, &bf16_dk)), 0x200);
+    }
+}

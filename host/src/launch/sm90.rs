@@ -1,0 +1,117 @@
+//! The Hopper fast path: stage 1 (grad_signal, zeroing of the f32 dK
+//! accumulator, per-row chunk counts), then the persistent warpgroup-MMA
+//! (wgmma) kernels as its programmatic dependents, so their prologue
+//! overlaps stage 1's tail.
+//!
+//! Chosen ([`crate::select::PathKind::Sm90`]) on compute capability 9.0,
+//! whose `sm_90a` module alone holds these kernels, for H = 64, D = 128 and
+//! more than one 64-slot chunk per row (`kernels_gpu::sm90::supports`),
+//! under `Backend::Auto` or `Backend::Hopper`. With an even number of rows
+//! the paired kernel (`sm90::WG_PAIR_KERNEL`, two rows that share keys per
+//! CTA) is launched too, between stage 1 and the row kernel: a test on the
+//! ids inside both picks the one that computes, the other exits at once
+//! (`FLAG_PAIR_DISPATCH`).
+
+use super::common::{launch_stage1, Run};
+use crate::error::Result;
+use crate::gpu;
+use crate::shape::Shape;
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use kernels_gpu::params::{FLAG_PAIR_DISPATCH, STAGE1_KERNEL};
+use kernels_gpu::sm90;
+use std::sync::Arc;
+
+/// Whether stage 1 counts each row's live chunks (over its `d_weights`
+/// block) so that the wgmma kernel skips the rest: from
+/// `sm90::SKIP_MIN_TOPK` slots per row on.
+pub(crate) fn row_chunks(shape: &Shape) -> bool {
+    shape.topk >= sm90::SKIP_MIN_TOPK as usize
+}
+
+/// The loaded kernels of the fast path and their grids.
+pub(crate) struct Wgmma {
+    stage1: CudaFunction,
+    /// The persistent wgmma row kernel (`sm90::WG_KERNEL`).
+    row: CudaFunction,
+    /// CTAs of `row` (`sm90::grid`).
+    grid: u32,
+    /// The paired kernel and its grid, with an even number of rows.
+    pair: Option<(CudaFunction, u32)>,
+}
+
+impl Wgmma {
+    /// Loads stage 1, the wgmma row kernel and, when `paired`, the paired
+    /// kernel, sizes their persistent grids to the GPU's SMs, and raises
+    /// their shared-memory limits.
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        module: &Arc<CudaModule>,
+        shape: &Shape,
+        paired: bool,
+    ) -> Result<Wgmma> {
+        let sms =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let sms = sms.max(1) as u32;
+        let rows = shape.rows() as u32;
+        let pair = if paired {
+            let f = module.load_function(sm90::WG_PAIR_KERNEL)?;
+            gpu::set_dynamic_smem(&f, sm90::PAIR.bytes)?;
+            Some((f, sm90::pair_grid(rows, sms)))
+        } else {
+            None
+        };
+        let row = module.load_function(sm90::WG_KERNEL)?;
+        let stage1 = module.load_function(STAGE1_KERNEL)?;
+        gpu::set_dynamic_smem(&row, sm90::SMEM.bytes)?;
+        Ok(Wgmma {
+            stage1,
+            row,
+            grid: sm90::grid(rows, sms),
+            pair,
+        })
+    }
+
+    /// Stage 1 (`zeroed` mark), then the paired kernel when there is one,
+    /// then the row kernel (`gradients` mark).
+    ///
+    /// # Safety
+    /// `run.params` passed `args::check` for this plan's shape.
+    pub(crate) unsafe fn launch(&self, run: &Run<'_>) -> Result<()> {
+        let stream = run.stream;
+        let mut p = run.params;
+        // SAFETY: `p` checked for the shape; stage 1's contract is kept by
+        // `launch_stage1`; the paired kernel runs `sm90::PAIR`'s CTAs on
+        // `pair`'s grid, the row kernel `sm90::THREADS` on `grid` with
+        // `sm90::SMEM` bytes (limits raised in `new`). Both are
+        // programmatic dependents: each executes griddepcontrol.wait before
+        // it reads what stage 1 writes, and the paired kernel exits only
+        // after that wait, so the row kernel's wait also covers stage 1.
+        unsafe {
+            launch_stage1(stream, &self.stage1, run.shape, &p)?;
+            run.mark(|e| &e.zeroed)?;
+            if let Some((pair_fn, pair_grid)) = &self.pair {
+                gpu::launch_pdl(
+                    stream,
+                    pair_fn,
+                    *pair_grid,
+                    sm90::PAIR.threads,
+                    sm90::PAIR.bytes,
+                    &p,
+                )?;
+                // Tells the row kernel that the paired kernel ran: it
+                // repeats the dispatch test and exits at once where the
+                // paired kernel computes.
+                p.flags |= FLAG_PAIR_DISPATCH;
+            }
+            gpu::launch_pdl(
+                stream,
+                &self.row,
+                self.grid,
+                sm90::THREADS,
+                sm90::SMEM.bytes,
+                &p,
+            )?;
+        }
+        run.mark(|e| &e.gradients)
+    }
+}
