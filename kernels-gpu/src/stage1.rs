@@ -21,7 +21,7 @@
 //! a fixed butterfly and across the row's warps in warp order, so
 //! grad_signal is bitwise reproducible run to run.
 
-use crate::params::{
+use crate::abi::{
     row_chunks_at, stage1_warps_per_row, GradParams, FLAG_LOG_SCORE, FLAG_ROW_CHUNKS,
     ROW_CHUNK_SLOTS, STAGE1_DIM as DIM, STAGE1_THREADS, STAGE1_UNROLL, STAGE1_WARPS,
 };

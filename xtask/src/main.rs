@@ -14,6 +14,8 @@ mod bundle;
 mod converge;
 #[cfg(test)]
 mod descriptors;
+#[cfg(test)]
+mod entries;
 mod link;
 mod ptx;
 mod util;

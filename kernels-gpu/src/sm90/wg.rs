@@ -48,7 +48,7 @@ use super::{
     swizzle, Pos, Walk, ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, PAIR,
     PAIR_SAMPLES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS, VOTE_SET_BYTES,
 };
-use crate::params::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
+use crate::abi::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, global, griddep, sreg, sync, wgmma};
 use crate::score::resolve;
