@@ -283,10 +283,8 @@ pub const fn rows_of(rows: u32, ctas: u32, cta: u32) -> u32 {
 /// ([`crate::abi::FLAG_ROW_CHUNKS`]) and the kernel skips trailing
 /// all-padding chunks. Below it a row has few chunks to skip (never any at
 /// topk 128: every row runs at least two), and the count costs more than
-/// it saves; measured on the H200 (SPEC workload, 2026-11-29): at topk 256
-/// the skip was 2-3% slower on both uniform and causal-ragged ids, at 512
-/// 3% faster on ragged ids and 1% slower on uniform ones, at 2048 16%
-/// faster on ragged ids and 2% slower on uniform ones.
+/// it saves (the threshold is where the skip started to pay on ragged
+/// ids, docs/moved-kernel-comments.md).
 pub const SKIP_MIN_TOPK: u32 = 512;
 
 /// Chunks the kernel runs for a row whose stage-1 count
