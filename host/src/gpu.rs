@@ -244,31 +244,33 @@ mod tests {
 
     #[test]
     fn modules_hold_the_kernels_their_paths_launch() {
-        use kernels_gpu::params::{
-            grad_kernel_name, CAST_KERNEL, SM100_PROBE_KERNELS, SM100_SMOKE_KERNEL,
-            SM100_STAGE2_KERNELS, STAGE1_KERNEL, SUPPORTED_DIMS, SUPPORTED_HEADS,
-        };
-        use kernels_gpu::sm90::{WG_KERNEL, WG_PAIR_KERNEL};
+        use kernels_gpu::registry::{self, Target, Targets};
         let entry = |m: PtxModule, k: &str| m.ptx().contains(&format!(".entry {k}("));
         for m in [PtxModule::Sm90a, PtxModule::Sm100f, PtxModule::Portable] {
-            for k in [STAGE1_KERNEL, CAST_KERNEL] {
-                assert!(entry(m, k), "{m:?} lacks {k}");
+            let target = Target::from_name(m.target()).expect("a registry target");
+            // Every kernel is in the modules the registry says, and only there.
+            for k in registry::KERNELS {
+                assert_eq!(entry(m, k.name), k.in_ptx(target), "{m:?} {}", k.name);
             }
-            for h in SUPPORTED_HEADS {
-                for d in SUPPORTED_DIMS {
-                    let k = grad_kernel_name(h, d).unwrap();
-                    assert!(entry(m, k), "{m:?} lacks {k}");
-                }
-            }
-            for k in [WG_KERNEL, WG_PAIR_KERNEL] {
-                assert_eq!(entry(m, k), m.has_wgmma(), "{m:?} {k}");
-            }
-            for k in SM100_STAGE2_KERNELS
-                .into_iter()
-                .chain(SM100_PROBE_KERNELS)
-                .chain([SM100_SMOKE_KERNEL])
+            // What each path launches: stage 1, the row kernels and the cast
+            // everywhere; the wgmma kernels with wgmma, stage 2 and the
+            // probes with tcgen05.
+            for k in registry::ROWS
+                .iter()
+                .chain([&registry::STAGE1, &registry::CAST])
             {
-                assert_eq!(entry(m, k), m.has_tcgen05(), "{m:?} {k}");
+                assert!(entry(m, k.name), "{m:?} lacks {}", k.name);
+            }
+            for k in [registry::SM90_WG, registry::SM90_WG_PAIR] {
+                assert_eq!(k.targets, Targets::SM90A);
+                assert_eq!(entry(m, k.name), m.has_wgmma(), "{m:?} {}", k.name);
+            }
+            for k in registry::SM100_STAGE2
+                .iter()
+                .chain(&registry::SM100_PROBES)
+                .chain([&registry::SM100_SMOKE])
+            {
+                assert_eq!(entry(m, k.name), m.has_tcgen05(), "{m:?} {}", k.name);
             }
         }
         // The portable module uses no architecture-specific instruction.

@@ -1,6 +1,6 @@
 //! Stage 3: cast of the f32 `d_index_k` accumulator to bf16.
 
-use crate::params::{CastParams, CAST_VEC};
+use crate::abi::{CastParams, CAST_VEC};
 use crate::ptx::{cvt, global, sreg};
 
 /// Grid-stride cast, [`CAST_VEC`] elements per thread per step.

@@ -5,7 +5,7 @@
 //! the gradient kernels (one gathered bf16 K row and one `red.v4` dK row
 //! per slot, alone and together).
 
-use crate::params::{CeilParams, CEIL_MIX_GATHER, CEIL_MIX_REDUCE, CEIL_MMA_CHAINS, CEIL_ROW};
+use crate::abi::{CeilParams, CEIL_MIX_GATHER, CEIL_MIX_REDUCE, CEIL_MMA_CHAINS, CEIL_ROW};
 use crate::ptx::{bulk, global, mma, smem, sreg};
 
 /// Independent accumulator chains per warp in [`ceil_mma_bf16`].

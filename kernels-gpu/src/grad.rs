@@ -11,7 +11,7 @@
 //! grad_signal is taken in a fixed order inside one CTA, so those outputs
 //! are bitwise reproducible; only `d_index_k` uses atomics.
 
-use crate::params::{GradParams, FLAG_DW_F32, FLAG_LOG_SCORE};
+use crate::abi::{GradParams, FLAG_DW_F32, FLAG_LOG_SCORE};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, ldmatrix, mma, sreg, sync};
 // Re-exported for other kernels that use them through `crate::grad`.
@@ -482,6 +482,11 @@ macro_rules! row_kernel {
         /// As [`rows`].
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: GradParams) {
+            // The registry names this specialization so.
+            const _: () = assert!(crate::registry::const_eq(
+                stringify!($name),
+                crate::registry::grad_kernel_name($h, $d).unwrap()
+            ));
             // SAFETY: forwarded launch contract.
             unsafe {
                 rows::<

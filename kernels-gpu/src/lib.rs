@@ -3,9 +3,11 @@
 //! This crate is compiled twice:
 //! - for `nvptx64-nvidia-cuda` by `cargo xtask build-ptx` (pinned nightly,
 //!   `-Zbuild-std=core`), producing the committed PTX in `ptx/`;
-//! - as an ordinary `no_std` rlib for the host, which imports [`params`]
-//!   (kernel names, launch shapes, shared-memory budgets and the `#[repr(C)]`
-//!   parameter structs) instead of repeating them.
+//! - as an ordinary `no_std` rlib for the host, which imports the
+//!   `#[repr(C)]` parameter structs and launch constants ([`abi`]), the
+//!   kernels' names, launch bounds and targets ([`registry`]) and the
+//!   shared-memory budgets instead of repeating them ([`params`] re-exports
+//!   the names the host has always used).
 //!
 //! Raw `asm!` lives only in `ptx` (device builds only).
 #![no_std]
@@ -17,7 +19,9 @@
 #[cfg(test)]
 extern crate std;
 
+pub mod abi;
 pub mod params;
+pub mod registry;
 pub mod score;
 pub mod sm100;
 pub mod sm90;

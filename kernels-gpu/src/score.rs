@@ -3,7 +3,7 @@
 //! terms of stage 1 and key-id resolution. Plain Rust, so the host unit
 //! tests below check it against `std` as well.
 
-use crate::params::{GradParams, FLAG_LOCAL_IDS};
+use crate::abi::{GradParams, FLAG_LOCAL_IDS};
 
 /// `exp(-100)` rounded to f32: 27 * 2^-149, a subnormal. For every f32 `x`,
 /// `x >= CLIP` agrees with `x >= exp(-100)` computed exactly, because

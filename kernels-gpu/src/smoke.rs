@@ -8,7 +8,7 @@
 //! thread's staged value is only correct if the mbarrier really orders the
 //! shared-memory writes.
 
-use crate::params::{SmokeParams, SMOKE_THREADS};
+use crate::abi::{SmokeParams, SMOKE_THREADS};
 use crate::ptx::{mbarrier, smem, sreg, sync};
 
 /// Launch: grid `len / SMOKE_THREADS`, block `SMOKE_THREADS`, dynamic shared

@@ -12,16 +12,15 @@
 //! A row is shared by [`stage1_warps_per_row`] warps, enough that each
 //! thread holds its [`STAGE1_UNROLL`] slots' scores in registers from the
 //! load that sums G to the store of grad_signal: every score is read from
-//! memory once. (With one warp per row and a second pass that reloaded
-//! them, Nsight Compute showed the kernel reading the scores twice from
-//! DRAM at topk 2048, L2 hit rate 21%: 88.7 us at 3.68 TB/s on the H200.)
-//! Rows longer than a CTA holds make two passes.
+//! memory once (a second pass that reloads them reads them from DRAM
+//! again at large topk, where they no longer stay in L2). Rows longer than
+//! a CTA holds make two passes.
 //!
 //! `G = sum_t g_t` is summed per thread in slot order, across each warp by
 //! a fixed butterfly and across the row's warps in warp order, so
 //! grad_signal is bitwise reproducible run to run.
 
-use crate::params::{
+use crate::abi::{
     row_chunks_at, stage1_warps_per_row, GradParams, FLAG_LOG_SCORE, FLAG_ROW_CHUNKS,
     ROW_CHUNK_SLOTS, STAGE1_DIM as DIM, STAGE1_THREADS, STAGE1_UNROLL, STAGE1_WARPS,
 };

@@ -87,10 +87,24 @@ impl RowSmem {
 /// Shared memory one H100/H200 CTA may use (227 KiB).
 pub const SMEM_LIMIT_SM90: u32 = 227 * 1024;
 
-// The largest specialisation must fit; H <= 64 must fit twice (two
-// resident CTAs, see params::LAUNCH_BOUNDS, also checked by a unit test).
-const _: () = assert!(RowSmem::new(128, 128).bytes <= SMEM_LIMIT_SM90);
-const _: () = assert!(RowSmem::new(64, 128).bytes * 2 <= SMEM_LIMIT_SM90);
+// Every row kernel runs GRAD_THREADS threads, and as many CTAs as its
+// launch bounds ask to be resident (`registry::ROWS`) fit in shared memory.
+const _: () = {
+    use crate::registry::{row_kernel, Target, SUPPORTED_DIMS, SUPPORTED_HEADS};
+    let mut i = 0;
+    while i < SUPPORTED_HEADS.len() {
+        let mut j = 0;
+        while j < SUPPORTED_DIMS.len() {
+            let (h, d) = (SUPPORTED_HEADS[i], SUPPORTED_DIMS[j]);
+            let k = row_kernel(h, d).unwrap();
+            assert!(k.threads == GRAD_THREADS);
+            let ctas = k.min_ctas(Target::Sm90a).unwrap();
+            assert!(RowSmem::new(h, d).bytes * ctas <= SMEM_LIMIT_SM90);
+            j += 1;
+        }
+        i += 1;
+    }
+};
 // 16-byte alignment of every region (vector loads and stores).
 const _: () = {
     let l = RowSmem::new(16, 64);
@@ -109,8 +123,8 @@ mod tests {
 
     #[test]
     fn layouts_are_ordered_aligned_and_within_budget() {
-        for h in crate::params::SUPPORTED_HEADS {
-            for d in crate::params::SUPPORTED_DIMS {
+        for h in crate::registry::SUPPORTED_HEADS {
+            for d in crate::registry::SUPPORTED_DIMS {
                 let l = RowSmem::new(h, d);
                 let offs = [l.q, l.k, l.ds, l.gs, l.rows, l.w, l.red, l.dk, l.bytes];
                 assert!(offs.windows(2).all(|p| p[0] < p[1]), "{h}x{d}: {l:?}");
@@ -127,7 +141,7 @@ mod tests {
     fn padded_rows_spread_fragment_loads_over_all_banks() {
         // Lane l of a fragment load reads row l/4, word l%4 (plus a column
         // offset): with the padded stride the 32 lanes hit 32 distinct banks.
-        for d in crate::params::SUPPORTED_DIMS {
+        for d in crate::registry::SUPPORTED_DIMS {
             let stride_words = (d + ROW_PAD) / 2;
             let mut banks = [false; 32];
             for lane in 0..32u32 {

@@ -516,7 +516,7 @@ fn check_probe(ptx: &str, name: &str, g: usize, heads: u64) -> Result<(), String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kernels_gpu::params::{sm100_stage2_kernel_name, SM100_HEADS, SM100_TOPKS};
+    use kernels_gpu::registry::{self, stage2_kernel, SM100_HEADS, SM100_TOPKS};
 
     /// The committed Blackwell PTX (the `ARCHS` entry of the sm_100 family).
     fn blackwell_ptx() -> String {
@@ -533,7 +533,7 @@ mod tests {
         let mut out = Vec::new();
         for t in SM100_TOPKS {
             for h in SM100_HEADS {
-                let name = sm100_stage2_kernel_name(t, h).expect("specialization");
+                let name = stage2_kernel(t, h).expect("specialization").name;
                 out.push((name.to_string(), check_kernel(ptx, name, h as u64)?));
             }
         }
@@ -585,7 +585,7 @@ mod tests {
                 "{name}: the three GEMMs' descriptors as derived, {chunks} chunk(s) of K steps"
             );
         }
-        assert_eq!(checked.len(), SM100_TOPKS.len() * SM100_HEADS.len());
+        assert_eq!(checked.len(), registry::SM100_STAGE2.len());
         let probes = probe_gemms();
         for (name, g) in probes {
             check_probe(&ptx, name, g, PROBE_HEADS).unwrap_or_else(|e| panic!("{e}"));
@@ -598,7 +598,7 @@ mod tests {
                 assert!(
                     checked.iter().any(|c| c.0 == name)
                         || probes.iter().any(|p| p.0 == name)
-                        || name == kernels_gpu::params::SM100_SMOKE_KERNEL,
+                        || name == registry::SM100_SMOKE.name,
                     "{name} has unchecked MMAs"
                 );
             }
@@ -606,12 +606,16 @@ mod tests {
     }
 
     /// Heads of the probes' dK (its K).
-    const PROBE_HEADS: u64 = kernels_gpu::params::SM100_PROBE_HEADS as u64;
+    const PROBE_HEADS: u64 = kernels_gpu::abi::SM100_PROBE_HEADS as u64;
 
     /// Each probe kernel and the index of its GEMM in [`gemms`].
     fn probe_gemms() -> [(&'static str, usize); 3] {
-        use kernels_gpu::params::{SM100_PROBE_DK, SM100_PROBE_DQ, SM100_PROBE_S};
-        [(SM100_PROBE_S, 0), (SM100_PROBE_DQ, 1), (SM100_PROBE_DK, 2)]
+        use registry::{SM100_PROBE_DK_K, SM100_PROBE_DQ_K, SM100_PROBE_S_K};
+        [
+            (SM100_PROBE_S_K.name, 0),
+            (SM100_PROBE_DQ_K.name, 1),
+            (SM100_PROBE_DK_K.name, 2),
+        ]
     }
 
     #[test]
@@ -754,7 +758,7 @@ mod tests {
     fn edits_of_the_committed_ptx_are_caught() {
         let ptx = blackwell_ptx();
         let [s, dq, _] = gemms();
-        let name = sm100_stage2_kernel_name(128, 64).unwrap();
+        let name = stage2_kernel(128, 64).unwrap().name;
         // Every materialisation of a constant inside the kernel (the
         // kernels after it are left as they are).
         let edit = |from: String, to: String| -> String {

@@ -9,6 +9,7 @@
 //! [`LINK_MODE_ENV`] set.
 
 use crate::util;
+use kernels_gpu::registry::{self, Kernel, Target};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -138,40 +139,46 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
             .arg(&out),
     )?;
     let ptx = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
-    // The occupancy targets were tuned and measured on sm_90a; elsewhere
-    // (sm_100f, not executed; the portable sm_90 file, which only GPUs
-    // other than sm_90 load) ask for one CTA per SM so ptxas keeps its
-    // register freedom (with two, the H=64 D=128 kernel spills on sm_100).
-    // Kernels that exist in one target's PTX only (the wgmma kernel in
-    // sm_90a, the tcgen05 kernels in sm_100f) add their own bounds.
-    let mut bounds: Vec<_> = kernels_gpu::params::LAUNCH_BOUNDS
-        .map(|(n, t, c)| (n, t, if cpu == "sm_90a" { c } else { 1 }))
-        .to_vec();
-    match cpu.as_str() {
-        "sm_90a" => bounds.extend(kernels_gpu::params::SM90_LAUNCH_BOUNDS),
-        "sm_100f" => bounds.extend(kernels_gpu::params::SM100_LAUNCH_BOUNDS),
-        _ => {}
-    }
-    let exact: &[&str] = if cpu == "sm_90a" {
-        &kernels_gpu::params::SM90_EXACT_BLOCK
-    } else {
-        &[]
-    };
-    let ptx = add_launch_bounds(&ptx, &bounds, exact)?;
-
-    // sm_100f: 64-byte alignment of the parameter holding tensor maps
-    // (stage 2 and the bring-up probes).
-    let ptx = if cpu == "sm_100f" {
-        align_first_param(
-            &ptx,
-            &kernels_gpu::params::SM100_TENSOR_MAP_KERNELS,
-            kernels_gpu::params::TENSOR_MAP_ALIGN,
-        )?
-    } else {
+    // Launch bounds and tensor-map parameter alignment of the kernels in
+    // this target's PTX, from the registry (`kernels_gpu::registry`).
+    let target = Target::from_name(&cpu).ok_or_else(|| format!("unknown target {cpu}"))?;
+    let kernels: Vec<&Kernel> = registry::KERNELS
+        .iter()
+        .filter(|k| k.targets.contains(target))
+        .collect();
+    let (bounds, exact) = launch_bounds(&kernels, target);
+    let ptx = add_launch_bounds(&ptx, &bounds, &exact)?;
+    let maps: Vec<&str> = kernels
+        .iter()
+        .filter(|k| k.tensor_maps)
+        .map(|k| k.name)
+        .collect();
+    let ptx = if maps.is_empty() {
         ptx
+    } else {
+        align_first_param(&ptx, &maps, kernels_gpu::abi::TENSOR_MAP_ALIGN)?
     };
     std::fs::write(&out, ptx).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The `(kernel, threads, resident CTAs)` bounds of `kernels` in `target`'s
+/// PTX (see `Kernel::min_ctas`), and the kernels among them launched with
+/// exactly their block (`.reqntid`).
+pub fn launch_bounds<'a>(
+    kernels: &[&'a Kernel],
+    target: Target,
+) -> (Vec<(&'a str, u32, u32)>, Vec<&'a str>) {
+    let bounds = kernels
+        .iter()
+        .filter_map(|k| Some((k.name, k.threads, k.min_ctas(target)?)))
+        .collect();
+    let exact = kernels
+        .iter()
+        .filter(|k| k.exact_block())
+        .map(|k| k.name)
+        .collect();
+    (bounds, exact)
 }
 
 /// Writes `.maxntid T, 1, 1` and `.minnctapersm N` after the parameter list
@@ -224,7 +231,7 @@ pub fn add_launch_bounds(
 /// <kernel>_param_0[..]` becomes `.param .align <align> ...`. rustc cannot
 /// declare by-value kernel parameters aligned above 16 bytes, but a
 /// `CUtensorMap` inside one must be 64-byte aligned in the parameter space
-/// (see `kernels_gpu::params::TensorMap`); offsets inside the parameter are
+/// (see `kernels_gpu::abi::TensorMap`); offsets inside the parameter are
 /// unchanged. A named kernel missing from the PTX is an error.
 pub fn align_first_param(ptx: &str, kernels: &[&str], align: u32) -> Result<String, String> {
     let mut out = String::with_capacity(ptx.len() + 16 * kernels.len());

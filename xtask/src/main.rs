@@ -14,7 +14,10 @@ mod bundle;
 mod converge;
 #[cfg(test)]
 mod descriptors;
+#[cfg(test)]
+mod entries;
 mod link;
+mod modgraph;
 mod ptx;
 mod util;
 
@@ -67,6 +70,8 @@ fn test(require_gpu: bool) -> Result<(), String> {
     ptx::build_ptx(true)?;
     let kmanifest = root.join("kernels-gpu/Cargo.toml");
     let km = kmanifest.to_str().ok_or("non-UTF-8 path")?;
+    util::step("kernel crate module graph (no cycles)");
+    modgraph::check_kernel_crate(&root)?;
     util::step("cargo fmt --check");
     util::cargo(&root, &["fmt", "--all", "--check"], &[])?;
     util::cargo(&root, &["fmt", "--manifest-path", km, "--check"], &[])?;

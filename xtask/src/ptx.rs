@@ -233,7 +233,7 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
 
 /// Which build of the kernels: the committed PTX, or the bring-up kit's
 /// watchdog build (`--cfg kernels_watchdog`: bounded mbarrier waits that
-/// record and trap, `kernels_gpu::watchdog`), which is never committed.
+/// record and trap, `kernels_gpu::watchdog` and `ptx::mbarrier`), which is never committed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
     /// `kernels-gpu/ptx/*.ptx`.
@@ -295,10 +295,10 @@ pub fn build_watchdog_ptx(out: &Path) -> Result<(), String> {
         let (arch, feature) = (a.target, a.ptx_feature);
         util::step(&format!("building the watchdog kernels for {arch}"));
         let text = build_arch(&root, &nightly, &llvm_bin, arch, feature, Variant::Watchdog)?;
-        if !text.contains(kernels_gpu::params::WATCHDOG_SYMBOL) {
+        if !text.contains(kernels_gpu::abi::WATCHDOG_SYMBOL) {
             return Err(format!(
                 "{arch}: the watchdog build lacks {}",
-                kernels_gpu::params::WATCHDOG_SYMBOL
+                kernels_gpu::abi::WATCHDOG_SYMBOL
             ));
         }
         check_text(&root, &ptxas, a, &text, Variant::Watchdog)?;
@@ -413,38 +413,35 @@ pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str) -> Result<Vec<KernelReport
 /// Dynamic shared memory the host requests at launch (ptxas only sees the
 /// static part), from the constants the host uses; "-" where none.
 fn dynamic_smem(kernel: &str) -> String {
-    use kernels_gpu::params::{
-        grad_kernel_name, SMOKE_KERNEL, SMOKE_SMEM_BYTES, SUPPORTED_DIMS, SUPPORTED_HEADS,
+    use kernels_gpu::registry::{self, Param, SUPPORTED_DIMS, SUPPORTED_HEADS};
+    let Some(k) = registry::find(kernel) else {
+        return "-".into();
     };
-    if kernels_gpu::params::SM100_STAGE2_KERNELS.contains(&kernel) {
-        return kernels_gpu::sm100::budget::SM100_SMEM.to_string();
-    }
-    if kernels_gpu::params::SM100_PROBE_KERNELS.contains(&kernel) {
-        return kernels_gpu::params::SM100_PROBE_SMEM.to_string();
-    }
-    if kernel == kernels_gpu::params::SM100_SMOKE_KERNEL {
-        return kernels_gpu::params::SM100_SMOKE_SMEM.to_string();
-    }
-    if kernel == SMOKE_KERNEL {
-        return SMOKE_SMEM_BYTES.to_string();
-    }
-    if kernel == kernels_gpu::params::STAGE1_KERNEL {
-        return kernels_gpu::params::STAGE1_SMEM.to_string();
-    }
-    if kernel == kernels_gpu::sm90::WG_KERNEL {
-        return kernels_gpu::sm90::SMEM.bytes.to_string();
-    }
-    if kernel == kernels_gpu::sm90::WG_PAIR_KERNEL {
-        return kernels_gpu::sm90::PAIR.bytes.to_string();
-    }
-    for h in SUPPORTED_HEADS {
-        for d in SUPPORTED_DIMS {
-            if grad_kernel_name(h, d) == Some(kernel) {
-                return kernels_gpu::tiles::RowSmem::new(h, d).bytes.to_string();
+    let bytes = match k.param {
+        Param::Sm100Stage2 => kernels_gpu::sm100::budget::SM100_SMEM,
+        Param::Sm100Probe => kernels_gpu::sm100::budget::SM100_PROBE_SMEM,
+        Param::Sm100Smoke => kernels_gpu::abi::SM100_SMOKE_SMEM,
+        Param::Smoke => kernels_gpu::abi::SMOKE_SMEM_BYTES,
+        Param::Tag => kernels_gpu::abi::WATCHDOG_PROBE_SMEM,
+        Param::Grad if *k == registry::STAGE1 => kernels_gpu::abi::STAGE1_SMEM,
+        Param::Grad if *k == registry::SM90_WG => kernels_gpu::sm90::SMEM.bytes,
+        Param::Grad if *k == registry::SM90_WG_PAIR => kernels_gpu::sm90::PAIR.bytes,
+        Param::Grad => {
+            let row = SUPPORTED_HEADS
+                .into_iter()
+                .flat_map(|h| SUPPORTED_DIMS.map(|d| (h, d)))
+                .find(|&(h, d)| registry::row_kernel(h, d) == Some(*k));
+            match row {
+                Some((h, d)) => kernels_gpu::tiles::RowSmem::new(h, d).bytes,
+                None => return "-".into(),
             }
         }
-    }
-    "-".into()
+        Param::Ceil if *k == registry::CEIL_SCATTER_BULK_K => {
+            kernels_gpu::abi::CEIL_BULK_SMEM_BYTES
+        }
+        Param::Cast | Param::Ceil => return "-".into(),
+    };
+    bytes.to_string()
 }
 
 fn numbers(s: &str) -> Vec<u32> {

@@ -92,6 +92,16 @@ const _: () =
 const _: () = assert!(SMEM_K_REGION.is_multiple_of(1024) && SMEM_Q_REGION.is_multiple_of(1024));
 const _: () = assert!(DK_ROW_BYTES.is_multiple_of(16) && OFF_BARS.is_multiple_of(8));
 
+/// Dynamic shared memory of a bring-up probe (`sm100::probe`): stage 2's
+/// layout up to the end of the dS tile (the probes stage their operands
+/// where stage 2 keeps them), then `abi::SM100_PROBE_BAR_BYTES`.
+pub const SM100_PROBE_SMEM: u32 = OFF_DK + crate::abi::SM100_PROBE_BAR_BYTES;
+// The probes' operands are a full head tile, within an sm_100 CTA's shared
+// memory; the host's head dimension is this path's.
+const _: () = assert!(crate::abi::SM100_PROBE_HEADS == SM100_HEAD_TILE);
+const _: () = assert!(SM100_PROBE_SMEM <= SMEM_LIMIT_SM100);
+const _: () = assert!(crate::abi::SM100_DIM == SM100_DIM);
+
 #[cfg(test)]
 mod tests {
     use super::*;

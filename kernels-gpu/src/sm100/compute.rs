@@ -18,12 +18,12 @@
 //! zero q rows, so their S and dS are exactly zero.
 
 use super::budget::{TMEM_DQ, TMEM_S};
+use super::ctx::Ctx;
 use super::dev::Dev;
 use super::operands::ds_at;
 use super::proto::{self, ComputeWork, Rows};
-use super::stage2::Ctx;
 use super::tmem::{m64_row_of, warp_lane_base};
-use crate::params::FLAG_DW_F32;
+use crate::abi::FLAG_DW_F32;
 use crate::ptx::tcgen05;
 use crate::ptx::{cvt, smem, sreg, sync};
 use crate::score::gate;

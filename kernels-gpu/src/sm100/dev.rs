@@ -4,10 +4,10 @@
 //! `Dev<R>` carries the kernel context, the lane, and the role's own state
 //! `R`, whose module implements the role's work trait on `Dev<R>`.
 
+use super::ctx::Ctx;
 use super::proto::Machine;
 use super::sched::parity;
-use super::stage2::Ctx;
-use crate::params::watchdog_tag;
+use crate::abi::watchdog_tag;
 use crate::ptx::{bulk, mbarrier, sreg, sync, tcgen05, tma};
 
 /// One actor of the stage-2 kernel on the device (see the module docs).

@@ -12,12 +12,12 @@
 //! the compute and reduce roles mask them out.
 
 use super::budget::{SM100_CHUNK, SMEM_Q_REGION};
+use super::ctx::Ctx;
 use super::dev::Dev;
 use super::gather::{gather4_coords, tma_row, Ids};
 use super::operands::gather4_dst;
 use super::proto::{self, LoadWork, Rows};
-use super::stage2::Ctx;
-use crate::params::FLAG_LOCAL_IDS;
+use crate::abi::FLAG_LOCAL_IDS;
 use crate::ptx::{smem, tma};
 
 /// The load warp's state for `NCH` chunks per row and `H` heads.

@@ -21,12 +21,12 @@
 //! complete, so each commit also releases everything earlier ones did.
 
 use super::budget::{TMEM_DK, TMEM_DQ, TMEM_S};
+use super::ctx::Ctx;
 use super::dev::Dev;
 use super::operands::{
     dk_descs, dk_steps, dq_descs, s_descs, DQ_STEPS, IDESC_DK, IDESC_DQ, IDESC_S, S_STEPS,
 };
 use super::proto::{self, MmaWork, Rows};
-use super::stage2::Ctx;
 use crate::ptx::sreg;
 use crate::ptx::tcgen05::{self, TmemAddr};
 

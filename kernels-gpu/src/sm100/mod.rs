@@ -2,13 +2,14 @@
 //! executed** (no such GPU has been available).
 //!
 //! Device kernels (sm_100f builds only; stage 1 is the shared
-//! `crate::stage1` kernel, launched first): `stage2` (persistent, warp-specialized tcgen05 kernel), whose
-//! roles live one per module: `load` (TMA gather4 of K rows), `mma` (the
-//! single issuing thread), `compute` (gate, dS, d_weights, dQ epilogue),
-//! `reduce` (dK through shared memory into bulk reductions), each running
-//! its loop from [`proto`] on `dev` (the device implementation of its
-//! operations); plus the `smoke` kernel and the bring-up `probe` kernels
-//! (one stage-2 GEMM each, compared against the CPU by
+//! `crate::stage1` kernel, launched first): `stage2` (persistent,
+//! warp-specialized tcgen05 kernel), whose roles live one per module, each
+//! given the kernel's context (`ctx`): `load` (TMA gather4 of K rows), `mma`
+//! (the single issuing thread), `compute` (gate, dS, d_weights, dQ
+//! epilogue), `reduce` (dK through shared memory into bulk reductions),
+//! each running its loop from [`proto`] on `dev` (the device implementation
+//! of its operations); plus the `smoke` kernel and the bring-up `probe`
+//! kernels (one stage-2 GEMM each, compared against the CPU by
 //! `dsa_indexer_bwd::bringup`).
 //!
 //! Everything that can be checked without the GPU is plain Rust that also
@@ -36,6 +37,8 @@ pub mod tmem;
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod compute;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
+mod ctx;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod dev;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]

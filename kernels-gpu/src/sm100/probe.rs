@@ -30,18 +30,17 @@
 //! commit that never completes is reported instead of hanging the probe.
 
 use super::budget::{
-    OFF_DK, OFF_DS, OFF_K, OFF_Q, SM100_CHUNK, SM100_DIM, SM100_HEAD_TILE, SMEM_K_STAGE, SMEM_Q,
-    SMEM_Q_REGION, TMEM_ALLOC, TMEM_DK, TMEM_DQ, TMEM_S,
+    OFF_DK, OFF_DS, OFF_K, OFF_Q, SM100_CHUNK, SM100_DIM, SM100_HEAD_TILE, SM100_PROBE_SMEM,
+    SMEM_K_STAGE, SMEM_Q, SMEM_Q_REGION, TMEM_ALLOC, TMEM_DK, TMEM_DQ, TMEM_S,
 };
 use super::operands::{
     dk_descs, dk_steps, dq_descs, ds_at, gather4_dst, k_at, q_at, s_descs, DQ_STEPS, IDESC_DK,
     IDESC_DQ, IDESC_S, S_STEPS,
 };
 use super::tmem::{m128_row_of, m64_row_of, warp_lane_base};
-use crate::params::{
+use crate::abi::{
     Sm100ProbeParams, PROBE_K_GATHER4, PROBE_Q_TMA, PROBE_STATUS_MMA, PROBE_STATUS_TMA,
-    SM100_K_MAP_OFFSET, SM100_PROBE_HEADS, SM100_PROBE_SMEM, SM100_PROBE_TMEM_FILL,
-    SM100_Q_MAP_OFFSET,
+    SM100_K_MAP_OFFSET, SM100_PROBE_HEADS, SM100_PROBE_TMEM_FILL, SM100_Q_MAP_OFFSET,
 };
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::tcgen05::{self, TmemAddr};
@@ -59,7 +58,7 @@ const DK: u32 = 2;
 const N: u32 = SM100_CHUNK;
 const _: () = assert!(SM100_CHUNK == SM100_DIM);
 /// Threads of the CTA: one warp per tensor-memory sub-partition.
-const THREADS: u32 = crate::params::SM100_PROBE_THREADS;
+const THREADS: u32 = crate::abi::SM100_PROBE_THREADS;
 const _: () = assert!(THREADS == 4 * 32);
 /// Columns one `tcgen05.ld` / `tcgen05.st` `.32x32b.x16` moves.
 const COLS_PER_ACCESS: u32 = 16;
@@ -378,26 +377,11 @@ probe_kernel!(sm100_probe_s, S, "S = q K^T (M = 64)");
 probe_kernel!(sm100_probe_dq, DQ, "dQ = dS K (M = 64)");
 probe_kernel!(sm100_probe_dk, DK, "dK = dS^T q (M = 128)");
 
-// The names the host launches.
+// The names the host launches are these kernels' (`registry::SM100_PROBES`).
 const _: () = {
-    let names = crate::params::SM100_PROBE_KERNELS;
-    assert!(const_eq(names[0], "sm100_probe_s"));
-    assert!(const_eq(names[1], "sm100_probe_dq"));
-    assert!(const_eq(names[2], "sm100_probe_dk"));
+    use crate::registry::{const_eq, SM100_PROBES};
+    assert!(const_eq(SM100_PROBES[0].name, "sm100_probe_s"));
+    assert!(const_eq(SM100_PROBES[1].name, "sm100_probe_dq"));
+    assert!(const_eq(SM100_PROBES[2].name, "sm100_probe_dk"));
+    assert!(SM100_PROBES[0].threads == THREADS);
 };
-
-/// `a == b` for string slices in a const context.
-const fn const_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}

@@ -18,9 +18,9 @@
 //! barrier between lanes is needed there.
 
 use super::budget::{SM100_DIM, TMEM_DK};
+use super::ctx::Ctx;
 use super::dev::Dev;
 use super::proto::{self, ReduceWork, Rows};
-use super::stage2::Ctx;
 use super::tmem::{m128_row_of, warp_lane_base};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, sreg, tcgen05};

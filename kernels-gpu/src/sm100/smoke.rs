@@ -4,7 +4,7 @@
 //! gather4 wrappers and the descriptor encoders in every CI run.
 //! **Compiled and assembled for sm_100f, not executed.**
 
-use crate::params::Sm100SmokeParams;
+use crate::abi::Sm100SmokeParams;
 use crate::ptx::tcgen05::{self, TmemAddr};
 use crate::ptx::{mbarrier, smem, sreg, sync, tma};
 use crate::sm100::desc::{
@@ -29,8 +29,8 @@ const GATHER: u32 = B_TILE + N * K * 2;
 /// Columns allocated for the 128 x 64 f32 accumulator.
 const TMEM_COLS: u32 = 64;
 // The host launches with the sizes `params` publishes.
-const _: () = assert!(GATHER + 4 * K * 2 == crate::params::SM100_SMOKE_SMEM);
-const _: () = assert!(M == crate::params::SM100_SMOKE_THREADS);
+const _: () = assert!(GATHER + 4 * K * 2 == crate::abi::SM100_SMOKE_SMEM);
+const _: () = assert!(M == crate::abi::SM100_SMOKE_THREADS);
 
 /// Launch: 1 CTA of `SM100_SMOKE_THREADS` (128) threads,
 /// `SM100_SMOKE_SMEM` (`GATHER + 4 * K * 2`) bytes of dynamic shared memory.

@@ -21,11 +21,10 @@
 //! phases), and model-checked on the host by `sm100::model`; the role
 //! modules implement its operations on the device ([`super::dev`]).
 
-use super::budget::DK_ROW_BYTES;
 use super::budget::{
-    K_STAGES, OFF_BARS, OFF_DK, OFF_DS, OFF_K, OFF_META, OFF_Q, Q_STAGES, SM100_CHUNK,
-    SM100_HEAD_TILE, SMEM_K_STAGE, SMEM_META_STAGE, SMEM_Q, SMEM_Q_REGION, TMEM_ALLOC,
+    K_STAGES, OFF_BARS, OFF_Q, Q_STAGES, SM100_HEAD_TILE, SMEM_Q_REGION, TMEM_ALLOC,
 };
+use super::ctx::Ctx;
 use super::proto::{
     arrivals, COMPUTE_WARPS, LOAD_WARP, MMA_WARP, NUM_BARS, REDUCE_WARP0, REDUCE_WARPS,
 };
@@ -33,8 +32,8 @@ use super::proto::{
     DK_FREE, DK_READY, DQ_FREE, DQ_READY, DS_READY, EMPTY, FULL, Q_EMPTY, Q_FULL, S_READY,
 };
 use super::{compute, load, mma, reduce};
-use crate::params::{GradParams, Sm100Params, SM100_K_MAP_OFFSET, SM100_Q_MAP_OFFSET};
-use crate::ptx::smem::{self, SmemAddr};
+use crate::abi::{GradParams, Sm100Params, SM100_K_MAP_OFFSET, SM100_Q_MAP_OFFSET};
+use crate::ptx::smem;
 use crate::ptx::tcgen05::{self, TmemAddr};
 use crate::ptx::{bulk, griddep, mbarrier, sreg, sync};
 
@@ -42,59 +41,7 @@ use crate::ptx::{bulk, griddep, mbarrier, sreg, sync};
 const TMEM_SLOT: u32 = OFF_BARS + 8 * NUM_BARS;
 const _: () = assert!(TMEM_SLOT + 4 <= super::budget::SM100_SMEM);
 
-const _: () = assert!((MMA_WARP + 1) * 32 == crate::params::SM100_STAGE2_THREADS);
-
-/// What every role needs: parameters, shared-memory map, tensor memory.
-pub(super) struct Ctx<'a> {
-    /// Pointers, sizes, scalars.
-    pub p: &'a GradParams,
-    /// Dynamic shared-memory base (1024-byte aligned).
-    pub base: SmemAddr,
-    /// Tensor-memory base of this CTA's allocation.
-    pub tmem: TmemAddr,
-    /// Generic addresses of the two tensor maps (kernel parameter space).
-    pub k_map: u64,
-    /// See [`Ctx::k_map`].
-    pub q_map: u64,
-    /// This CTA, the grid size, and the number of query rows `B*S_q`.
-    pub cta: u32,
-    /// See [`Ctx::cta`].
-    pub ctas: u32,
-    /// See [`Ctx::cta`].
-    pub rows: u32,
-}
-
-impl Ctx<'_> {
-    /// mbarrier number `i`.
-    pub fn bar(&self, i: u32) -> SmemAddr {
-        self.base.add(OFF_BARS + 8 * i)
-    }
-    /// K stage `s`.
-    pub fn k_stage(&self, s: u32) -> SmemAddr {
-        self.base.add(OFF_K + s * SMEM_K_STAGE)
-    }
-    /// q buffer `b`.
-    pub fn q_buf(&self, b: u32) -> SmemAddr {
-        self.base.add(OFF_Q + b * SMEM_Q)
-    }
-    /// The dS tile.
-    pub fn ds(&self) -> SmemAddr {
-        self.base.add(OFF_DS)
-    }
-    /// Staged dK row of chunk slot `slot`.
-    pub fn dk_row(&self, slot: u32) -> SmemAddr {
-        self.base.add(OFF_DK + slot * DK_ROW_BYTES)
-    }
-    /// Resolved key row (i32, -1 for padding) of slot `slot` of stage `s`.
-    pub fn meta_row(&self, s: u32, slot: u32) -> SmemAddr {
-        self.base.add(OFF_META + s * SMEM_META_STAGE + 4 * slot)
-    }
-    /// grad_signal (f32) of slot `slot` of stage `s`.
-    pub fn meta_gs(&self, s: u32, slot: u32) -> SmemAddr {
-        self.base
-            .add(OFF_META + s * SMEM_META_STAGE + 4 * SM100_CHUNK + 4 * slot)
-    }
-}
+const _: () = assert!((MMA_WARP + 1) * 32 == crate::abi::SM100_STAGE2_THREADS);
 
 /// The kernel body for `NCH` chunks per row and `H` heads.
 ///
@@ -146,7 +93,7 @@ unsafe fn stage2<const NCH: u32, const H: u32>(p: &GradParams, param_addr: u64) 
             while i < 2 * Q_STAGES * pad {
                 let (region, off) = (i / pad, i % pad);
                 smem::st_u32(base.add(OFF_Q + region * SMEM_Q_REGION + H * 128 + off), 0);
-                i += crate::params::SM100_STAGE2_THREADS * 4;
+                i += crate::abi::SM100_STAGE2_THREADS * 4;
             }
             // The zeros are read by the tensor cores (async proxy).
             bulk::fence_proxy_async_shared();
@@ -207,6 +154,11 @@ macro_rules! stage2_kernel {
         /// As [`stage2`].
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: Sm100Params) {
+            // The registry names this specialization so.
+            const _: () = assert!(crate::registry::const_eq(
+                stringify!($name),
+                crate::registry::sm100_stage2_kernel_name($topk, $h).unwrap()
+            ));
             let addr = crate::ptx::tma::param0_generic_addr!(stringify!($name));
             // SAFETY: forwarded launch contract.
             unsafe { stage2::<{ $topk / 128 }, $h>(&p.p, addr) }

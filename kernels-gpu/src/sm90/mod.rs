@@ -21,13 +21,13 @@
 mod wg;
 
 /// PTX entry name of the wgmma row kernel (sm_90a PTX only).
-pub const WG_KERNEL: &str = "indexer_bwd_wg_h64_d128";
+pub const WG_KERNEL: &str = crate::registry::SM90_WG.name;
 /// PTX entry name of the paired wgmma kernel (sm_90a PTX only): one CTA
 /// per SM of two halves, each half the row kernel's two warpgroups on its
 /// own copy of [`SMEM`], walking rows `2 p` and `2 p + 1` of the same pairs
 /// in step, so that where the two rows select the same key in the same
 /// slot the pair reduces the sum of both dK rows once ([`PAIR`]).
-pub const WG_PAIR_KERNEL: &str = "indexer_bwd_wg_pair_h64_d128";
+pub const WG_PAIR_KERNEL: &str = crate::registry::SM90_WG_PAIR.name;
 
 /// Heads of the wgmma kernel (the M = 64 of one warpgroup MMA).
 pub const HEADS: u32 = 64;
@@ -130,6 +130,15 @@ pub const SMEM: WgSmem = {
 
 /// Resident CTAs per SM the kernel is built for (launch bounds).
 pub const CTAS_PER_SM: u32 = 2;
+// The launch bounds the link step writes (`registry`) are the ones this
+// layout and the persistent grid count on.
+const _: () = assert!(crate::registry::SM90_WG.threads == THREADS);
+const _: () = assert!(matches!(
+    crate::registry::SM90_WG.bounds,
+    crate::registry::Bounds::Exact {
+        min_ctas: CTAS_PER_SM
+    }
+));
 
 /// Launch shape of the paired kernel ([`WG_PAIR_KERNEL`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,6 +174,7 @@ pub const PAIR: PairLayout = {
 // and are read as 16-byte vectors.
 const _: () = assert!(PAIR.votes + 2 * VOTE_SET_BYTES <= PAIR.half_stride);
 const _: () = assert!(PAIR.votes.is_multiple_of(16) && VOTE_SET_BYTES == 32);
+const _: () = assert!(crate::registry::SM90_WG_PAIR.threads == PAIR.threads);
 
 /// Persistent grid of the paired kernel: one CTA per SM, never more than
 /// row pairs (`rows` must be even, [`supports_pairs`]).
@@ -270,17 +280,15 @@ pub const fn rows_of(rows: u32, ctas: u32, cta: u32) -> u32 {
 }
 
 /// Smallest topk for which the host asks stage 1 for per-row chunk counts
-/// ([`crate::params::FLAG_ROW_CHUNKS`]) and the kernel skips trailing
+/// ([`crate::abi::FLAG_ROW_CHUNKS`]) and the kernel skips trailing
 /// all-padding chunks. Below it a row has few chunks to skip (never any at
 /// topk 128: every row runs at least two), and the count costs more than
-/// it saves; measured on the H200 (SPEC workload, 2026-11-29): at topk 256
-/// the skip was 2-3% slower on both uniform and causal-ragged ids, at 512
-/// 3% faster on ragged ids and 1% slower on uniform ones, at 2048 16%
-/// faster on ragged ids and 2% slower on uniform ones.
+/// it saves (the threshold is where the skip started to pay on ragged
+/// ids, docs/moved-kernel-comments.md).
 pub const SKIP_MIN_TOPK: u32 = 512;
 
 /// Chunks the kernel runs for a row whose stage-1 count
-/// ([`crate::params::FLAG_ROW_CHUNKS`]) is `live`: at least two (the next
+/// ([`crate::abi::FLAG_ROW_CHUNKS`]) is `live`: at least two (the next
 /// row's q tile is loaded during a row's first chunk and waited for at the
 /// end of its second), at most `ceil(topk / CHUNK)`.
 pub const fn row_chunks(live: u32, topk: u32) -> u32 {
@@ -369,7 +377,7 @@ impl Walk {
 pub const fn supports(rows: u64, topk: u64) -> bool {
     topk > CHUNK as u64
         && rows * topk <= u32::MAX as u64
-        && topk <= crate::params::ROW_CHUNK_MAX_TOPK as u64
+        && topk <= crate::abi::ROW_CHUNK_MAX_TOPK as u64
 }
 
 /// Byte offset, inside a swizzle block, of byte `col_byte` (< 128) of row
@@ -416,8 +424,7 @@ const _: () = {
     assert!(SMEM.dk.is_multiple_of(16) && DK_STRIDE.is_multiple_of(16));
 };
 // The stage-1 chunk count is in this kernel's chunks and heads.
-const _: () =
-    assert!(crate::params::ROW_CHUNK_SLOTS == CHUNK && crate::params::ROW_CHUNK_HEADS == HEADS);
+const _: () = assert!(crate::abi::ROW_CHUNK_SLOTS == CHUNK && crate::abi::ROW_CHUNK_HEADS == HEADS);
 // One warpgroup MMA covers all heads (M = 64); the S tile of a chunk is
 // split into one 32-slot half per warpgroup; dQ and dK into 64-column
 // halves of D; the dS tile is one swizzled row (64 slots) per head.

@@ -48,7 +48,7 @@ use super::{
     swizzle, Pos, Walk, ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, PAIR,
     PAIR_SAMPLES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS, VOTE_SET_BYTES,
 };
-use crate::params::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
+use crate::abi::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, global, griddep, sreg, sync, wgmma};
 use crate::score::resolve;
@@ -68,12 +68,8 @@ const BAR_STAGED: u32 = 3;
 /// Staged dK rows (of its eight) each warp reduces right after issuing the
 /// next item's S; the rest go after that item's dS, before its barrier B2,
 /// and drain while its dQ and dK products run (fewer reductions in one
-/// burst). Measured on the H200 (SPEC workload, f32, two rounds each,
-/// against all eight after S): 4 took uniform topk 256 / 512 / 1024 / 2048
-/// 2% / 3.4% / 4.5% / 3.5% less time, ragged 0-0.8%; 2 and 3 gained less,
-/// 5 the same on uniform ids and 1% less on ragged ones; 0 (all before B2)
-/// about nothing, and the rest spread one per step of the dS loop cost
-/// ragged ids 5-6%.
+/// burst). The split was chosen by measurement against the other splits
+/// (docs/moved-kernel-comments.md).
 const RED_FIRST: u32 = 4;
 const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
 // `reduce_rows` skips a fused call on the other half's group of four slots
@@ -114,8 +110,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
     // constant, each half runs its own copy of the body. (Derived from
     // %tid.x at run time, ptxas computed the tile addresses and wgmma
     // descriptors per thread and moved each to a uniform register before
-    // every wgmma: the uncoupled paired kernel ran 8-14% slower than the
-    // row kernel on the SPEC workload, 6-8% with the constant.)
+    // every wgmma, which slowed the paired kernel down.)
     let half = HALF;
     // The tensor cores apply the swizzle to absolute address bits: align the
     // tiles to 1024 bytes whatever the driver's base alignment is.
@@ -445,9 +440,8 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
         // Each warp takes its eight rows in an order that depends on the
         // CTA (i XOR cta % 8). With one order everywhere, CTAs whose rows
         // select the same key in the same slot (causal selections) reduce
-        // into the same key row at the same moment; measured on the H200
-        // (SPEC workload): ragged topk 128 / 256 5% / 3% faster, uniform
-        // 1-2%, topk 1024 unchanged.
+        // into the same key row at the same moment, and those reductions
+        // serialize.
         let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
         let slot_at = |i: u32| warp * ROWS_PER_WARP + (i ^ x);
         // Fused: a half reduces the slots of its groups of four, and the
@@ -484,10 +478,8 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
         // Paired: each iteration loads the next slot's key rows before it
         // uses its own (loaded by the previous one), so the shared-memory
         // latency of those loads is not paid in front of every reduction.
-        // Measured on the H200 (SPEC workload, f32, A/B, two rounds): ragged
-        // topk 256 / 512 / 1024 / 2048 3.2-3.5% faster. The row kernel
-        // loads them in place: there the same change cost uniform ids
-        // 0.5-0.9%.
+        // The row kernel loads them in place: there the same change was
+        // slower.
         let mut next = if PAIRED && lo < hi {
             key_rows(lo)
         } else {
@@ -649,11 +641,9 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
         // ---- MMA: dK = dS^T q (A = dS MN-major: heads x slots read as
         // slots x heads; B = q MN-major: heads x this warpgroup's D) ----
         let mut kacc = [0.0f32; 32];
-        // Paired, fused item: this half stages nothing unless it computes.
-        // Measured on the H200 against both halves computing and staging
-        // their own rows (39cd4d9; ragged ids, f32, two rounds): topk 256 /
-        // 512 / 1024 / 2048 495-498 -> 475-479, 830-833 -> 803-804, 1450
-        // -> 1412-1413, 2429-2432 -> 2354-2360 us.
+        // Paired, fused item: this half stages nothing unless it computes
+        // (one product and one staging of the summed rows instead of one
+        // per half).
         let stages = fused.is_none_or(|comp| comp == half);
         // SAFETY: as above; a fused product also reads the other half's dS
         // and q tiles, complete and fenced before the CTA-wide B2 and

@@ -1,0 +1,600 @@
+//! Every kernel of the crate, once: its PTX entry name, the parameter it
+//! takes, its launch shape and bounds, whether its parameter holds tensor
+//! maps, and which PTX files contain it ([`KERNELS`]).
+//!
+//! One table serves every side: the link step writes the launch bounds
+//! (`.maxntid` / `.reqntid`, `.minnctapersm`) and the tensor-map parameter
+//! alignment from it (`xtask/src/link.rs`); the host names the kernels it
+//! loads through it; kernel modules assert at compile time that their own
+//! constants (threads, resident CTAs, specializations) agree with it; and
+//! tests check it against the committed PTX (`xtask/src/registry.rs`:
+//! every entry is an `.entry` of exactly the files it claims, and every
+//! `.entry` is an entry).
+//!
+//! This module uses only [`crate::abi`]; kernel modules may use it.
+
+use crate::abi::{
+    CastParams, CeilParams, GradParams, Sm100Params, Sm100ProbeParams, Sm100SmokeParams,
+    SmokeParams, CAST_THREADS, CEIL_BULK_THREADS, SM100_PROBE_THREADS, SM100_SMOKE_THREADS,
+    SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS, WATCHDOG_PROBE_THREADS,
+};
+
+/// A PTX file `cargo xtask build-ptx` writes (`kernels-gpu/ptx/kernels_<target>.ptx`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `sm_90a`: Hopper, every Hopper kernel (wgmma included).
+    Sm90a,
+    /// `sm_100f`: the Blackwell sm_100 family (tcgen05 kernels).
+    Sm100f,
+    /// `sm_90`: portable, JIT-compiled by GPUs without a file of their own;
+    /// only what `Plan` launches there.
+    Sm90,
+}
+
+impl Target {
+    /// Every target.
+    pub const ALL: [Target; 3] = [Target::Sm90a, Target::Sm100f, Target::Sm90];
+
+    /// The `-mcpu` / file-name spelling (`sm_90a`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Target::Sm90a => "sm_90a",
+            Target::Sm100f => "sm_100f",
+            Target::Sm90 => "sm_90",
+        }
+    }
+
+    /// The target spelled `name` (`sm_90a`), if any.
+    pub fn from_name(name: &str) -> Option<Target> {
+        Target::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    const fn bit(self) -> u8 {
+        match self {
+            Target::Sm90a => 1,
+            Target::Sm100f => 2,
+            Target::Sm90 => 4,
+        }
+    }
+}
+
+/// The set of PTX files that contain a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Targets(u8);
+
+impl Targets {
+    /// Every PTX file.
+    pub const ALL: Targets = Targets(7);
+    /// The architecture-specific files (`sm_90a`, `sm_100f`), not the
+    /// portable one, which holds just what `Plan` launches so that a GPU
+    /// without a file of its own JIT-compiles no more than it runs.
+    pub const ARCH: Targets = Targets(3);
+    /// `sm_90a` only.
+    pub const SM90A: Targets = Targets(1);
+    /// `sm_100f` only.
+    pub const SM100F: Targets = Targets(2);
+
+    /// Whether the kernel is in `t`'s PTX.
+    pub const fn contains(self, t: Target) -> bool {
+        self.0 & t.bit() != 0
+    }
+}
+
+/// The parameter a kernel takes (its only one, by value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// [`GradParams`].
+    Grad,
+    /// [`CastParams`].
+    Cast,
+    /// [`SmokeParams`].
+    Smoke,
+    /// [`CeilParams`].
+    Ceil,
+    /// [`Sm100SmokeParams`].
+    Sm100Smoke,
+    /// [`Sm100ProbeParams`].
+    Sm100Probe,
+    /// [`Sm100Params`].
+    Sm100Stage2,
+    /// One `u32` (the watchdog probe's tag).
+    Tag,
+}
+
+impl Param {
+    /// Size of the parameter in bytes (the `[N]` of its `.param` in the PTX).
+    pub const fn size(self) -> usize {
+        use core::mem::size_of;
+        match self {
+            Param::Grad => size_of::<GradParams>(),
+            Param::Cast => size_of::<CastParams>(),
+            Param::Smoke => size_of::<SmokeParams>(),
+            Param::Ceil => size_of::<CeilParams>(),
+            Param::Sm100Smoke => size_of::<Sm100SmokeParams>(),
+            Param::Sm100Probe => size_of::<Sm100ProbeParams>(),
+            Param::Sm100Stage2 => size_of::<Sm100Params>(),
+            Param::Tag => size_of::<u32>(),
+        }
+    }
+}
+
+/// The launch bounds the link step writes after a kernel's parameter list
+/// (Rust has no attribute for them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bounds {
+    /// None: the host picks the block (at most the driver's limit).
+    None,
+    /// `.maxntid threads, 1, 1` and `.minnctapersm min_ctas`.
+    Max {
+        /// Resident CTAs per SM asked for on sm_90a (see [`Kernel::min_ctas`]).
+        min_ctas: u32,
+    },
+    /// `.reqntid threads, 1, 1` (always launched with exactly that block,
+    /// which lets ptxas allocate registers for that block rather than for
+    /// the `.maxntid` cap) and `.minnctapersm min_ctas`.
+    Exact {
+        /// As for [`Bounds::Max`].
+        min_ctas: u32,
+    },
+}
+
+/// One kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    /// PTX entry name (the `#[no_mangle]` function).
+    pub name: &'static str,
+    /// What it takes.
+    pub param: Param,
+    /// Threads per CTA the host launches it with (for a kernel with
+    /// [`Bounds`], the bound).
+    pub threads: u32,
+    /// Launch bounds written into the PTX.
+    pub bounds: Bounds,
+    /// Its parameter starts with `CUtensorMap`s, so the link step raises
+    /// the parameter's alignment to `abi::TENSOR_MAP_ALIGN`.
+    pub tensor_maps: bool,
+    /// The PTX files that contain it.
+    pub targets: Targets,
+    /// Only in watchdog builds (`--cfg kernels_watchdog`), which are never
+    /// committed; there, in every file `targets` names.
+    pub watchdog_only: bool,
+}
+
+impl Kernel {
+    /// Resident CTAs per SM asked for in `target`'s PTX, or `None` without
+    /// bounds. The occupancy targets were tuned and measured on sm_90a;
+    /// elsewhere (sm_100f, not executed; the portable sm_90 file, which
+    /// only GPUs other than sm_90 load) it is one CTA per SM, so ptxas
+    /// keeps its register freedom (with two, the H=64 D=128 row kernel
+    /// spills on sm_100).
+    pub const fn min_ctas(&self, target: Target) -> Option<u32> {
+        match self.bounds {
+            Bounds::None => None,
+            Bounds::Max { min_ctas } | Bounds::Exact { min_ctas } => {
+                Some(if matches!(target, Target::Sm90a) {
+                    min_ctas
+                } else {
+                    1
+                })
+            }
+        }
+    }
+
+    /// Whether the bound is `.reqntid` rather than `.maxntid`.
+    pub const fn exact_block(&self) -> bool {
+        matches!(self.bounds, Bounds::Exact { .. })
+    }
+
+    /// Whether `target`'s committed PTX contains it.
+    pub const fn in_ptx(&self, target: Target) -> bool {
+        !self.watchdog_only && self.targets.contains(target)
+    }
+}
+
+/// Shorthand for the table below.
+const fn k(
+    name: &'static str,
+    param: Param,
+    threads: u32,
+    bounds: Bounds,
+    targets: Targets,
+) -> Kernel {
+    Kernel {
+        name,
+        param,
+        threads,
+        bounds,
+        tensor_maps: false,
+        targets,
+        watchdog_only: false,
+    }
+}
+
+/// Stage 1 of the two-launch paths (Hopper fast path, Blackwell path):
+/// score gradient for several rows per CTA with the zeroing of the f32 dK
+/// accumulator (D = 128) fused in. Three resident CTAs (at most 85
+/// registers; each thread keeps 16 scores in flight and in registers, which
+/// spilled under the 64 of four): it is bound by memory latency and
+/// bandwidth and wants many loads in flight.
+pub const STAGE1: Kernel = k(
+    "indexer_score_grad_d128",
+    Param::Grad,
+    STAGE1_THREADS,
+    Bounds::Max { min_ctas: 3 },
+    Targets::ALL,
+);
+
+/// The f32 -> bf16 cast of the dK accumulator.
+pub const CAST: Kernel = k(
+    "cast_f32_to_bf16",
+    Param::Cast,
+    CAST_THREADS,
+    Bounds::None,
+    Targets::ALL,
+);
+
+/// A fused `mma.sync` row kernel (score gradient + gradients), one CTA per
+/// query row. Two resident CTAs per SM let one CTA's gathers and barriers
+/// overlap the other's tensor-core work; ptxas then caps registers at 128
+/// per thread (the H = 128 kernels need more and keep one CTA).
+const fn row(name: &'static str, min_ctas: u32) -> Kernel {
+    k(
+        name,
+        Param::Grad,
+        ROW_THREADS,
+        Bounds::Max { min_ctas },
+        Targets::ALL,
+    )
+}
+/// Threads per CTA of the row kernels (`tiles::GRAD_THREADS`).
+pub const ROW_THREADS: u32 = 256;
+
+/// Heads supported by the row kernels.
+pub const SUPPORTED_HEADS: [u32; 4] = [16, 32, 64, 128];
+/// Head dimensions supported by the row kernels.
+pub const SUPPORTED_DIMS: [u32; 2] = [64, 128];
+
+/// The row kernels, in [`SUPPORTED_HEADS`] x [`SUPPORTED_DIMS`] order.
+pub const ROWS: [Kernel; 8] = [
+    row("indexer_bwd_rows_h16_d64", 2),
+    row("indexer_bwd_rows_h16_d128", 2),
+    row("indexer_bwd_rows_h32_d64", 2),
+    row("indexer_bwd_rows_h32_d128", 2),
+    row("indexer_bwd_rows_h64_d64", 2),
+    row("indexer_bwd_rows_h64_d128", 2),
+    row("indexer_bwd_rows_h128_d64", 1),
+    row("indexer_bwd_rows_h128_d128", 1),
+];
+
+/// The row kernel specialised for `heads` x `dim`, or `None` outside the
+/// envelope.
+pub const fn row_kernel(heads: u32, dim: u32) -> Option<Kernel> {
+    let mut i = 0;
+    while i < SUPPORTED_HEADS.len() {
+        let mut j = 0;
+        while j < SUPPORTED_DIMS.len() {
+            if SUPPORTED_HEADS[i] == heads && SUPPORTED_DIMS[j] == dim {
+                return Some(ROWS[i * SUPPORTED_DIMS.len() + j]);
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+    None
+}
+
+/// PTX entry name of the row kernel specialised for `heads` x `dim`, or
+/// `None` outside the envelope.
+pub const fn grad_kernel_name(heads: u32, dim: u32) -> Option<&'static str> {
+    match row_kernel(heads, dim) {
+        Some(k) => Some(k.name),
+        None => None,
+    }
+}
+
+/// The wgmma row kernel (H = 64, D = 128; `sm90`): two resident CTAs per
+/// SM (the persistent grid counts on them), so at most 128 registers per
+/// thread; always launched with exactly its two warpgroups.
+pub const SM90_WG: Kernel = k(
+    "indexer_bwd_wg_h64_d128",
+    Param::Grad,
+    256,
+    Bounds::Exact { min_ctas: 2 },
+    Targets::SM90A,
+);
+
+/// The paired wgmma kernel (`sm90`): one CTA of twice the row kernel's
+/// threads per SM, the same register cap.
+pub const SM90_WG_PAIR: Kernel = k(
+    "indexer_bwd_wg_pair_h64_d128",
+    Param::Grad,
+    512,
+    Bounds::Max { min_ctas: 1 },
+    Targets::SM90A,
+);
+
+/// The toolchain smoke kernel (mbarrier, shared memory).
+pub const SMOKE: Kernel = k(
+    "smoke_mbarrier_reverse",
+    Param::Smoke,
+    SMOKE_THREADS,
+    Bounds::None,
+    Targets::ARCH,
+);
+
+/// A ceiling kernel of the benchmark (`ceil.rs`), launched with 256
+/// threads unless noted.
+const fn ceil(name: &'static str, threads: u32) -> Kernel {
+    k(name, Param::Ceil, threads, Bounds::None, Targets::ARCH)
+}
+/// Tensor-core throughput (`mma.sync` chains).
+pub const CEIL_MMA_K: Kernel = ceil("ceil_mma_bf16", 256);
+/// Scattered f32 row reduction by `red.global.add`.
+pub const CEIL_SCATTER_RED_K: Kernel = ceil("ceil_scatter_red", 256);
+/// Scattered f32 row reduction by `cp.reduce.async.bulk`.
+pub const CEIL_SCATTER_BULK_K: Kernel = ceil("ceil_scatter_bulk", CEIL_BULK_THREADS);
+/// bf16 row gather.
+pub const CEIL_GATHER_K: Kernel = ceil("ceil_gather_bf16", 256);
+/// Streaming copy.
+pub const CEIL_COPY_K: Kernel = ceil("ceil_copy", 256);
+/// Gather and reduce mixed (`abi::CEIL_MIX_*`).
+pub const CEIL_GATHER_REDUCE_K: Kernel = ceil("ceil_gather_reduce", 256);
+
+/// The sm_100f tcgen05 smoke kernel (compiled and assembled, not executed).
+pub const SM100_SMOKE: Kernel = k(
+    "sm100_tcgen05_smoke",
+    Param::Sm100Smoke,
+    SM100_SMOKE_THREADS,
+    Bounds::None,
+    Targets::SM100F,
+);
+
+/// Heads the stage-2 kernels take (H = 32 zero-padded to the M = 64 tile).
+pub const SM100_HEADS: [u32; 2] = [32, 64];
+/// Slots per row the stage-2 kernels are specialized for.
+pub const SM100_TOPKS: [u32; 3] = [128, 256, 384];
+
+/// A sm_100f stage-2 kernel (persistent: one CTA per SM).
+const fn stage2(name: &'static str) -> Kernel {
+    Kernel {
+        tensor_maps: true,
+        ..k(
+            name,
+            Param::Sm100Stage2,
+            SM100_STAGE2_THREADS,
+            Bounds::Max { min_ctas: 1 },
+            Targets::SM100F,
+        )
+    }
+}
+
+/// The stage-2 kernels, in [`SM100_TOPKS`] x [`SM100_HEADS`] order.
+pub const SM100_STAGE2: [Kernel; 6] = [
+    stage2("sm100_stage2_t128_h32"),
+    stage2("sm100_stage2_t128_h64"),
+    stage2("sm100_stage2_t256_h32"),
+    stage2("sm100_stage2_t256_h64"),
+    stage2("sm100_stage2_t384_h32"),
+    stage2("sm100_stage2_t384_h64"),
+];
+
+/// The stage-2 kernel for `topk` x `heads` (D = 128), or `None` outside the
+/// specializations.
+pub const fn stage2_kernel(topk: u32, heads: u32) -> Option<Kernel> {
+    let mut i = 0;
+    while i < SM100_TOPKS.len() {
+        let mut j = 0;
+        while j < SM100_HEADS.len() {
+            if SM100_TOPKS[i] == topk && SM100_HEADS[j] == heads {
+                return Some(SM100_STAGE2[i * SM100_HEADS.len() + j]);
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+    None
+}
+
+/// PTX entry name of the stage-2 kernel for `topk` x `heads` (D = 128), or
+/// `None` outside the specializations.
+pub const fn sm100_stage2_kernel_name(topk: u32, heads: u32) -> Option<&'static str> {
+    match stage2_kernel(topk, heads) {
+        Some(k) => Some(k.name),
+        None => None,
+    }
+}
+
+/// A sm_100f bring-up probe: one CTA, the tensor maps passed as stage 2's.
+const fn probe(name: &'static str) -> Kernel {
+    Kernel {
+        tensor_maps: true,
+        ..k(
+            name,
+            Param::Sm100Probe,
+            SM100_PROBE_THREADS,
+            Bounds::Max { min_ctas: 1 },
+            Targets::SM100F,
+        )
+    }
+}
+/// Probe of S = q K^T (M = 64, N = 128, K = 128; A and B K-major).
+pub const SM100_PROBE_S_K: Kernel = probe("sm100_probe_s");
+/// Probe of dQ = dS K (M = 64, N = 128, K = 128; B MN-major).
+pub const SM100_PROBE_DQ_K: Kernel = probe("sm100_probe_dq");
+/// Probe of dK = dS^T q (M = 128, N = 128, K = `abi::SM100_PROBE_HEADS`;
+/// A and B MN-major).
+pub const SM100_PROBE_DK_K: Kernel = probe("sm100_probe_dk");
+/// The probes.
+pub const SM100_PROBES: [Kernel; 3] = [SM100_PROBE_S_K, SM100_PROBE_DQ_K, SM100_PROBE_DK_K];
+
+/// The watchdog's self-test (watchdog builds only): one CTA; every thread
+/// waits on an mbarrier that nobody arrives on.
+pub const WATCHDOG_PROBE: Kernel = Kernel {
+    watchdog_only: true,
+    ..k(
+        "watchdog_probe",
+        Param::Tag,
+        WATCHDOG_PROBE_THREADS,
+        Bounds::None,
+        Targets::ALL,
+    )
+};
+
+/// Every kernel.
+pub const KERNELS: [Kernel; 30] = [
+    STAGE1,
+    CAST,
+    ROWS[0],
+    ROWS[1],
+    ROWS[2],
+    ROWS[3],
+    ROWS[4],
+    ROWS[5],
+    ROWS[6],
+    ROWS[7],
+    SM90_WG,
+    SM90_WG_PAIR,
+    SMOKE,
+    CEIL_MMA_K,
+    CEIL_SCATTER_RED_K,
+    CEIL_SCATTER_BULK_K,
+    CEIL_GATHER_K,
+    CEIL_COPY_K,
+    CEIL_GATHER_REDUCE_K,
+    SM100_SMOKE,
+    SM100_STAGE2[0],
+    SM100_STAGE2[1],
+    SM100_STAGE2[2],
+    SM100_STAGE2[3],
+    SM100_STAGE2[4],
+    SM100_STAGE2[5],
+    SM100_PROBE_S_K,
+    SM100_PROBE_DQ_K,
+    SM100_PROBE_DK_K,
+    WATCHDOG_PROBE,
+];
+
+/// The entry named `name`, if any.
+pub fn find(name: &str) -> Option<&'static Kernel> {
+    KERNELS.iter().find(|k| k.name == name)
+}
+
+/// `a == b` for string slices in a const context.
+pub const fn const_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// Names are unique; only kernels that take tensor maps say so, and every
+// kernel with bounds or an exact block has a positive thread count.
+const _: () = {
+    let mut i = 0;
+    while i < KERNELS.len() {
+        let a = KERNELS[i];
+        let mut j = i + 1;
+        while j < KERNELS.len() {
+            assert!(!const_eq(a.name, KERNELS[j].name));
+            j += 1;
+        }
+        assert!(
+            a.tensor_maps == matches!(a.param, Param::Sm100Stage2 | Param::Sm100Probe),
+            "tensor maps travel in Sm100Params and Sm100ProbeParams"
+        );
+        assert!(a.threads > 0 && a.threads <= 1024);
+        i += 1;
+    }
+};
+
+/// Names the host and the benchmark used before the table existed; each is
+/// its entry's `name`.
+mod names {
+    use super::*;
+    /// Name of [`STAGE1`].
+    pub const STAGE1_KERNEL: &str = STAGE1.name;
+    /// Name of [`CAST`].
+    pub const CAST_KERNEL: &str = CAST.name;
+    /// Name of [`SMOKE`].
+    pub const SMOKE_KERNEL: &str = SMOKE.name;
+    /// Name of [`SM100_SMOKE`].
+    pub const SM100_SMOKE_KERNEL: &str = SM100_SMOKE.name;
+    /// Name of [`SM100_PROBE_S_K`].
+    pub const SM100_PROBE_S: &str = SM100_PROBE_S_K.name;
+    /// Name of [`SM100_PROBE_DQ_K`].
+    pub const SM100_PROBE_DQ: &str = SM100_PROBE_DQ_K.name;
+    /// Name of [`SM100_PROBE_DK_K`].
+    pub const SM100_PROBE_DK: &str = SM100_PROBE_DK_K.name;
+    /// Name of [`WATCHDOG_PROBE`].
+    pub const WATCHDOG_PROBE_KERNEL: &str = WATCHDOG_PROBE.name;
+    /// Name of [`CEIL_MMA_K`].
+    pub const CEIL_MMA: &str = CEIL_MMA_K.name;
+    /// Name of [`CEIL_SCATTER_RED_K`].
+    pub const CEIL_SCATTER_RED: &str = CEIL_SCATTER_RED_K.name;
+    /// Name of [`CEIL_SCATTER_BULK_K`].
+    pub const CEIL_SCATTER_BULK: &str = CEIL_SCATTER_BULK_K.name;
+    /// Name of [`CEIL_GATHER_K`].
+    pub const CEIL_GATHER: &str = CEIL_GATHER_K.name;
+    /// Name of [`CEIL_COPY_K`].
+    pub const CEIL_COPY: &str = CEIL_COPY_K.name;
+    /// Name of [`CEIL_GATHER_REDUCE_K`].
+    pub const CEIL_GATHER_REDUCE: &str = CEIL_GATHER_REDUCE_K.name;
+}
+pub use names::*;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_shape_has_a_kernel_and_others_do_not() {
+        for h in SUPPORTED_HEADS {
+            for d in SUPPORTED_DIMS {
+                let name = grad_kernel_name(h, d).expect("supported shape");
+                assert_eq!(name, std::format!("indexer_bwd_rows_h{h}_d{d}"));
+            }
+        }
+        assert!(grad_kernel_name(48, 128).is_none());
+        assert!(grad_kernel_name(64, 96).is_none());
+    }
+
+    #[test]
+    fn every_sm100_specialization_has_a_kernel() {
+        for t in SM100_TOPKS {
+            for h in SM100_HEADS {
+                let k = stage2_kernel(t, h).expect("specialization");
+                assert_eq!(k.name, std::format!("sm100_stage2_t{t}_h{h}"));
+                assert_eq!(sm100_stage2_kernel_name(t, h), Some(k.name));
+                assert_eq!(find(k.name), Some(&k));
+            }
+        }
+        assert!(sm100_stage2_kernel_name(512, 64).is_none());
+        assert!(sm100_stage2_kernel_name(128, 16).is_none());
+    }
+
+    #[test]
+    fn bounds_are_tuned_on_sm90a_only_and_every_table_entry_is_found() {
+        assert_eq!(STAGE1.min_ctas(Target::Sm90a), Some(3));
+        assert_eq!(STAGE1.min_ctas(Target::Sm90), Some(1));
+        assert_eq!(STAGE1.min_ctas(Target::Sm100f), Some(1));
+        assert_eq!(CAST.min_ctas(Target::Sm90a), None);
+        assert!(SM90_WG.exact_block() && !SM90_WG_PAIR.exact_block());
+        for k in KERNELS {
+            assert_eq!(find(k.name), Some(&k));
+        }
+        assert!(find("nope").is_none());
+        for t in Target::ALL {
+            assert_eq!(Target::from_name(t.name()), Some(t));
+        }
+        assert!(!WATCHDOG_PROBE.in_ptx(Target::Sm90a));
+        assert!(SM90_WG.in_ptx(Target::Sm90a) && !SM90_WG.in_ptx(Target::Sm90));
+    }
+}
