@@ -115,7 +115,7 @@ impl Ptrs {
 /// launches) records this call's use.
 pub(crate) struct Checked<'a> {
     pub ptrs: Ptrs,
-    _guards: Vec<SyncOnDrop<'a>>,
+    _guards: [Option<SyncOnDrop<'a>>; 11],
 }
 
 /// What the checks compare the arguments with: the plan's shape, options
@@ -157,8 +157,9 @@ pub(crate) fn check<'a>(
         }
     }
     let ws_needed = workspace_bytes(want.shape, want.opts);
-    let mut guards = Vec::with_capacity(11);
-    let args = collect(want, stream, inputs, outputs, ws_needed, &mut guards);
+    let held = collect(want, stream, inputs, outputs, ws_needed);
+    let args = held.each_ref().map(|(a, _)| *a);
+    let guards = held.map(|(_, g)| g);
     let ws_len = args[10].len;
     check_args(&args, want.ctx.cu_ctx(), ordinal, ws_len, ws_needed)?;
     // `collect` returns the tensors in the order of `Ptrs`' fields.
@@ -195,15 +196,15 @@ struct Arg {
 }
 
 /// The eleven tensors of a call in the order of [`Ptrs`], each with what
-/// the plan expects of it (element count, alignment the kernels need).
+/// the plan expects of it (element count, alignment the kernels need) and
+/// the guard of its address (none for an absent workspace).
 fn collect<'a>(
     want: &Expected<'_>,
     stream: &'a CudaStream,
     inputs: &'a Inputs<'_>,
     outputs: &'a mut Outputs<'_>,
     ws_needed: usize,
-    guards: &mut Vec<SyncOnDrop<'a>>,
-) -> [Arg; 11] {
+) -> [(Arg, Option<SyncOnDrop<'a>>); 11] {
     let s = want.shape;
     let Outputs {
         attn_score,
@@ -215,10 +216,7 @@ fn collect<'a>(
     // f32 d_index_k is the accumulator itself, whose rows are
     // bulk-reduced (16-byte aligned); bf16 is written by u32 stores.
     let dk_align = if ws_needed == 0 { 16 } else { 4 };
-    let mut g = |(arg, guard): (Arg, SyncOnDrop<'a>)| {
-        guards.push(guard);
-        arg
-    };
+    let g = |(arg, guard): (Arg, SyncOnDrop<'a>)| (arg, Some(guard));
     [
         g(input("index_q", &inputs.index_q, stream, s.q_len(), 16)),
         g(input("weights", &inputs.weights, stream, s.w_len(), 2)),
@@ -247,16 +245,19 @@ fn collect<'a>(
                 let len = v.len();
                 g(output("workspace", v, stream, len, 16))
             }
-            None => Arg {
-                name: "workspace",
-                ptr: 0,
-                bytes: 0,
-                len: 0,
-                expected: 0,
-                align: 16,
-                output: true,
-                ctx: want.ctx.cu_ctx(),
-            },
+            None => (
+                Arg {
+                    name: "workspace",
+                    ptr: 0,
+                    bytes: 0,
+                    len: 0,
+                    expected: 0,
+                    align: 16,
+                    output: true,
+                    ctx: want.ctx.cu_ctx(),
+                },
+                None,
+            ),
         },
     ]
 }
