@@ -287,7 +287,7 @@ fn main() {
             };
             let mut p = Problem::random(&mut rng, shape, Options::default(), g);
             let ids: &'static str = if ids == "ragged" {
-                p.make_ragged();
+                p.make_ragged(&mut rng);
                 "ragged"
             } else {
                 "uniform"
