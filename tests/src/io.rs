@@ -399,8 +399,14 @@ pub fn serialize_outputs(
 /// while at least half of them would be under the other convention (a
 /// global-id dump replayed as local ids pads every slot of batches 1..B
 /// and gives all-zero gradients there; a local-id dump replayed as global
-/// ids reads batch 0's keys). Prints the id counts either way.
-pub fn check_ids(shape: &Shape, opts: &Options, ids: &[i32], trust: bool, inp: &str) -> Res<()> {
+/// ids reads batch 0's keys). Returns a line with the id counts.
+pub fn check_ids(
+    shape: &Shape,
+    opts: &Options,
+    ids: &[i32],
+    trust: bool,
+    inp: &str,
+) -> Res<String> {
     let per_batch = shape.seq_q * shape.topk;
     let sk = shape.seq_k as i64;
     let (mut valid, mut negative) = (0usize, 0usize);
@@ -434,7 +440,7 @@ pub fn check_ids(shape: &Shape, opts: &Options, ids: &[i32], trust: bool, inp: &
             ));
         }
     }
-    println!(
+    Ok(format!(
         "topk_indices: {} slots, {valid} valid {} ids, {} padding ({negative} negative, {} out of range)",
         ids.len(),
         match opts.key_ids {
@@ -443,6 +449,5 @@ pub fn check_ids(shape: &Shape, opts: &Options, ids: &[i32], trust: bool, inp: &
         },
         ids.len() - valid,
         ids.len() - valid - negative
-    );
-    Ok(())
+    ))
 }

@@ -168,7 +168,10 @@ fn replay(cli: &Cli) -> Res<()> {
             BackendArg::Blackwell => Backend::Blackwell,
         },
     };
-    check_ids(&shape, &opts, &case.topk_indices, cli.trust_ids, &inp)?;
+    println!(
+        "{}",
+        check_ids(&shape, &opts, &case.topk_indices, cli.trust_ids, &inp)?
+    );
     for w in case.non_finite_warnings(&inp) {
         eprintln!("{w}");
     }
