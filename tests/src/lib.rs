@@ -245,8 +245,9 @@ impl Problem {
         }
     }
 
-    /// Makes rows select the same keys in pairs, as causal selections do
-    /// (SPEC's ragged rows 2i and 2i + 1 are identical): each odd row
+    /// Makes rows select the same keys in pairs, slot for slot (the case
+    /// the paired kernel is for; SPEC's ragged ids were once so, with keys
+    /// in key order, and now draw each row's keys at random): each odd row
     /// copies the ids of the row before it (within its batch, or across
     /// batches with local ids, where the same id names another key row),
     /// then swaps `swaps` random pairs of its slots, so some slots of the
