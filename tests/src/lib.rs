@@ -2,6 +2,7 @@
 //! problems, a GPU runner, error metrics, and GPU discovery that says
 //! `skipped: no CUDA device` (or fails under `INDEXER_REQUIRE_GPU=1`).
 
+pub mod io;
 pub mod report;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
@@ -244,8 +245,9 @@ impl Problem {
         }
     }
 
-    /// Makes rows select the same keys in pairs, as causal selections do
-    /// (SPEC's ragged rows 2i and 2i + 1 are identical): each odd row
+    /// Makes rows select the same keys in pairs, slot for slot (the case
+    /// the paired kernel is for; SPEC's ragged ids were once so, with keys
+    /// in key order, and now draw each row's keys at random): each odd row
     /// copies the ids of the row before it (within its batch, or across
     /// batches with local ids, where the same id names another key row),
     /// then swaps `swaps` random pairs of its slots, so some slots of the
@@ -269,23 +271,87 @@ impl Problem {
         }
     }
 
-    /// SPEC's "ragged" ids: row s sees keys `0..min(s/2 + 1, S_k)` of its
-    /// batch (as ids of the plan's convention); the remaining slots are -1.
-    pub fn make_ragged(&mut self) {
+    /// SPEC's "ragged" ids: row `s` of each batch sees the first
+    /// `v = min(s/2 + 1, S_k)` keys of its batch and selects
+    /// `min(v, topk)` distinct keys drawn at random among them, in random
+    /// slot order (slots `0..min(v, topk)`); the remaining slots are -1.
+    /// Ids follow the plan's convention (local or global); `valid` marks
+    /// the selected slots.
+    pub fn make_ragged(&mut self, rng: &mut impl Rng) {
         let s = self.shape;
         for r in 0..s.rows() {
             let (b, row) = (r / s.seq_q, r % s.seq_q);
-            let n = (row / 2 + 1).min(s.seq_k);
-            for t in 0..s.topk {
-                let i = r * s.topk + t;
-                self.valid[i] = t < n;
-                self.ids[i] = match (t < n, self.opts.key_ids) {
-                    (false, _) => -1,
-                    (true, KeyIds::Local) => t as i32,
-                    (true, KeyIds::Global) => (b * s.seq_k + t) as i32,
-                };
+            let v = (row / 2 + 1).min(s.seq_k);
+            let n = v.min(s.topk);
+            // Distinct indices of 0..v, fully shuffled.
+            let keys = rand::seq::index::sample(rng, v, n);
+            let base = r * s.topk;
+            for (t, key) in keys.into_iter().enumerate() {
+                self.ids[base + t] = self.key_id(b, key);
+                self.valid[base + t] = true;
+            }
+            for t in n..s.topk {
+                self.ids[base + t] = -1;
+                self.valid[base + t] = false;
             }
         }
+    }
+
+    /// The id of key `key` of batch `b` in the plan's convention.
+    fn key_id(&self, b: usize, key: usize) -> i32 {
+        match self.opts.key_ids {
+            KeyIds::Local => key as i32,
+            KeyIds::Global => (b * self.shape.seq_k + key) as i32,
+        }
+    }
+
+    /// SPEC's "topk" ids: per row, the top-k keys of the structured score
+    /// of [`TopkScore`] (its doc comment is the recipe), drawn with `rng`
+    /// (parameters per batch). Row `s` sits at key position
+    /// `p = S_k - S_q + s` and sees keys `j <= p` (none when `p < 0`);
+    /// its first `min(visible, topk)` slots hold the selected keys in
+    /// descending score order (ties: smaller `j` first), as `torch.topk`
+    /// returns them; the remaining slots are -1. Ids follow the plan's
+    /// convention. Returns the score, so a test can recompute it.
+    pub fn make_topk(&mut self, rng: &mut impl Rng) -> TopkScore {
+        let s = self.shape;
+        let score = TopkScore::draw(rng, s.batch, s.seq_q, s.seq_k);
+        let topk = s.topk;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(s.rows().max(1));
+        let rows_per = s.rows().div_ceil(threads).max(1);
+        let opts = self.opts;
+        std::thread::scope(|sc| {
+            for (chunk, (ids, valid)) in self
+                .ids
+                .chunks_mut(rows_per * topk)
+                .zip(self.valid.chunks_mut(rows_per * topk))
+                .enumerate()
+            {
+                let score = &score;
+                sc.spawn(move || {
+                    let mut buf: Vec<(f32, u32)> = Vec::new();
+                    for (i, (ids, valid)) in
+                        ids.chunks_mut(topk).zip(valid.chunks_mut(topk)).enumerate()
+                    {
+                        let r = chunk * rows_per + i;
+                        let (b, row) = (r / s.seq_q, r % s.seq_q);
+                        score.top(b, row, topk, &mut buf);
+                        for t in 0..topk {
+                            let key = buf.get(t).map(|&(_, j)| j as usize);
+                            valid[t] = key.is_some();
+                            ids[t] = match (key, opts.key_ids) {
+                                (None, _) => -1,
+                                (Some(j), KeyIds::Local) => j as i32,
+                                (Some(j), KeyIds::Global) => (b * s.seq_k + j) as i32,
+                            };
+                        }
+                    }
+                });
+            }
+        });
+        score
     }
 
     /// Redraws (continuous values in [-1, 1]) every `q[r,h,:]` whose `q . k`
@@ -356,6 +422,167 @@ impl Problem {
             grad_loss: self.grad_loss,
             loss_coeff: self.loss_coeff,
         }
+    }
+}
+
+/// The score behind SPEC's "topk" ids ([`Problem::make_topk`]), a
+/// stand-in for a trained indexer's logits. For batch `b`, query row `s`
+/// at key position `p = S_k - S_q + s`, and a visible key `0 <= j <= p`
+/// (`d = p - j`), in f32:
+///
+/// `score = SINK_BONUS * [j < SINKS] + LOCAL_BONUS * [d < WINDOW]
+///        + sum_m a_m * sin(2 pi f_m j / S_k + phi_m + 2 pi r_m s / S_q)
+///        + NOISE * u(b, s, j)`
+///
+/// with `SINKS = 4` attention-sink keys (bonus 8), a local window of the
+/// `WINDOW = 64` most recent keys (bonus 2.5), `M = 4` content sinusoids per
+/// batch with amplitudes `a_m` uniform in [0.5, 1] normalised to sum 1,
+/// frequencies `f_m` uniform in [1, 32] cycles over the `S_k` keys, phases
+/// `phi_m` uniform in [0, 2 pi), drifts `r_m` uniform in [0.25, 1] cycles
+/// over the `S_q` rows (so content changes slowly from row to row), and
+/// `u` uniform in [0, 1), a splitmix64 hash of the flat key index
+/// `(b S_q + s) S_k + j` offset by a drawn seed, with `NOISE = 0.05`
+/// (independent per row: neighbouring rows share most keys, but the keys
+/// near the selection threshold and the order of near-equal scores
+/// differ). Content plus noise stays within [-1, 1.05], so the window
+/// (at least 1.5) outranks every other non-sink key and the sinks (at
+/// least 7) outrank everything. The sinusoid
+/// is evaluated as `sin(A) cos(B) + cos(A) sin(B)` from per-key tables,
+/// which [`TopkScore::score`] and the selection share bit for bit.
+#[derive(Clone, Debug)]
+pub struct TopkScore {
+    seq_q: usize,
+    seq_k: usize,
+    seed: u64,
+    /// Per batch, per sinusoid: amplitude, drift over the rows, phase.
+    waves: Vec<[(f32, f32, f32); TopkScore::WAVES]>,
+    /// Per batch, per key, per sinusoid: `(sin, cos)` of `2 pi f_m j / S_k`.
+    tables: Vec<Vec<[(f32, f32); TopkScore::WAVES]>>,
+}
+
+impl TopkScore {
+    /// Attention-sink keys (the first keys of the sequence).
+    pub const SINKS: usize = 4;
+    /// Bonus of a sink key.
+    pub const SINK_BONUS: f32 = 8.0;
+    /// Keys of the local window (the most recent ones, `d < WINDOW`).
+    pub const WINDOW: usize = 64;
+    /// Bonus of a key in the local window.
+    pub const LOCAL_BONUS: f32 = 2.5;
+    /// Amplitude of the per-key noise.
+    pub const NOISE: f32 = 0.05;
+    /// Content sinusoids per batch.
+    pub const WAVES: usize = 4;
+
+    /// Draws the parameters of `batch` batches.
+    pub fn draw(rng: &mut impl Rng, batch: usize, seq_q: usize, seq_k: usize) -> TopkScore {
+        use std::f64::consts::TAU;
+        let seed = rng.random::<u64>();
+        let mut waves = Vec::with_capacity(batch);
+        let mut tables = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let amp: [f64; Self::WAVES] = std::array::from_fn(|_| rng.random_range(0.5..1.0));
+            let total: f64 = amp.iter().sum();
+            let freq: [f64; Self::WAVES] = std::array::from_fn(|_| rng.random_range(1.0..32.0));
+            waves.push(std::array::from_fn(|m| {
+                (
+                    (amp[m] / total) as f32,
+                    rng.random_range(0.25..1.0f64) as f32,
+                    rng.random_range(0.0..TAU) as f32,
+                )
+            }));
+            tables.push(
+                (0..seq_k)
+                    .map(|j| {
+                        std::array::from_fn(|m| {
+                            let a = TAU * freq[m] * j as f64 / seq_k as f64;
+                            (a.sin() as f32, a.cos() as f32)
+                        })
+                    })
+                    .collect(),
+            );
+        }
+        TopkScore {
+            seq_q,
+            seq_k,
+            seed,
+            waves,
+            tables,
+        }
+    }
+
+    /// Key position of row `s`: keys `j <= position` are visible (none
+    /// when negative).
+    pub fn position(&self, s: usize) -> i64 {
+        self.seq_k as i64 - self.seq_q as i64 + s as i64
+    }
+
+    /// Number of keys row `s` sees.
+    pub fn visible(&self, s: usize) -> usize {
+        (self.position(s) + 1).clamp(0, self.seq_k as i64) as usize
+    }
+
+    /// Per sinusoid of row `s` of batch `b`: `(a_m cos B, a_m sin B)`.
+    fn row_coeffs(&self, b: usize, s: usize) -> [(f32, f32); Self::WAVES] {
+        let t = std::f32::consts::TAU * s as f32 / self.seq_q as f32;
+        self.waves[b].map(|(a, r, phi)| {
+            let bb = phi + r * t;
+            (a * bb.cos(), a * bb.sin())
+        })
+    }
+
+    fn noise(&self, b: usize, s: usize, j: usize) -> f32 {
+        let flat = ((b * self.seq_q + s) as u64) * self.seq_k as u64 + j as u64;
+        // splitmix64 of the key's flat index offset by the seed.
+        let mut x = self
+            .seed
+            .wrapping_add(flat.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        (x >> 40) as f32 * (1.0 / (1u64 << 24) as f32) * Self::NOISE
+    }
+
+    fn eval(&self, c: &[(f32, f32); Self::WAVES], b: usize, s: usize, p: usize, j: usize) -> f32 {
+        let mut v = 0.0f32;
+        for (m, &(sa, ca)) in self.tables[b][j].iter().enumerate() {
+            v += sa * c[m].0 + ca * c[m].1;
+        }
+        if j < Self::SINKS {
+            v += Self::SINK_BONUS;
+        }
+        if p - j < Self::WINDOW {
+            v += Self::LOCAL_BONUS;
+        }
+        v + self.noise(b, s, j)
+    }
+
+    /// The score of key `j` for row `s` of batch `b` (`None` when `j` is
+    /// not visible to the row).
+    pub fn score(&self, b: usize, s: usize, j: usize) -> Option<f32> {
+        (j < self.visible(s)).then(|| {
+            let c = self.row_coeffs(b, s);
+            self.eval(&c, b, s, self.position(s) as usize, j)
+        })
+    }
+
+    /// The selected keys of row `s` of batch `b` with their scores into
+    /// `out`: the `min(visible, topk)` best, by descending score (ties:
+    /// smaller key first).
+    pub fn top(&self, b: usize, s: usize, topk: usize, out: &mut Vec<(f32, u32)>) {
+        out.clear();
+        let v = self.visible(s);
+        if v == 0 || topk == 0 {
+            return;
+        }
+        let (c, p) = (self.row_coeffs(b, s), self.position(s) as usize);
+        out.extend((0..v).map(|j| (self.eval(&c, b, s, p, j), j as u32)));
+        let order = |x: &(f32, u32), y: &(f32, u32)| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1));
+        if out.len() > topk {
+            out.select_nth_unstable_by(topk - 1, order);
+            out.truncate(topk);
+        }
+        out.sort_unstable_by(order);
     }
 }
 

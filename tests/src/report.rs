@@ -1,7 +1,7 @@
 //! Benchmark report: measured ceilings, points, the README's markdown
 //! table and the SVG chart (plotters).
 
-use dsa_indexer_bwd::{GradDtype, StageTimes};
+use dsa_indexer_bwd::{GradDtype, Options, Shape, StageTimes};
 use std::fmt::Write as _;
 
 /// Reference points from DESIGN.md (cuDNN-frontend 1.32 on this H200, uniform / ragged).
@@ -38,11 +38,97 @@ pub struct Ceilings {
     pub slots_both: f64,
 }
 
+/// What a point's ids ask of the dK reduction, counted on the host from
+/// the ids alone (NaN in JSON written before these were reported).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IdStats {
+    /// Valid slots (ids naming a key row): each one's dK contribution,
+    /// `D` f32 values, is reduced into its key row.
+    pub valid_slots: f64,
+    /// Distinct key rows those slots name (of `B * S_k`).
+    pub distinct_keys: f64,
+    /// Share of the valid slots of rows `2i + 1` whose key row is the one
+    /// in the same slot of row `2i` (same batch): the slots the crate's
+    /// paired kernel can sum in pairs before reducing (it is picked when
+    /// sampled pairs mostly match; ragged ids in key order gave 1, random
+    /// slot order gives about 0).
+    pub pair_aligned: f64,
+}
+
+impl IdStats {
+    /// Counts `ids` of `shape` under `opts`' convention.
+    pub fn count(shape: &Shape, opts: &Options, ids: &[i32]) -> IdStats {
+        let topk = shape.topk;
+        let mut seen = vec![false; shape.batch * shape.seq_k];
+        let (mut valid, mut distinct) = (0usize, 0usize);
+        let (mut odd_valid, mut aligned) = (0usize, 0usize);
+        for r in 0..shape.rows() {
+            let b = r / shape.seq_q;
+            let pair = r % shape.seq_q % 2 == 1;
+            for t in 0..topk {
+                let Some(n) = opts.resolve(shape, b, ids[r * topk + t]) else {
+                    continue;
+                };
+                valid += 1;
+                distinct += !std::mem::replace(&mut seen[n], true) as usize;
+                if pair {
+                    odd_valid += 1;
+                    let before = opts.resolve(shape, b, ids[(r - 1) * topk + t]);
+                    aligned += (before == Some(n)) as usize;
+                }
+            }
+        }
+        IdStats {
+            valid_slots: valid as f64,
+            distinct_keys: distinct as f64,
+            pair_aligned: if odd_valid == 0 {
+                0.0
+            } else {
+                aligned as f64 / odd_valid as f64
+            },
+        }
+    }
+
+    /// Valid slots per distinct key row: how many contributions each
+    /// touched dK row receives on average (1 when every slot names its own
+    /// key row; the fan-in a kernel that summed per key before reducing
+    /// could exploit).
+    pub fn slots_per_key(&self) -> f64 {
+        self.valid_slots / self.distinct_keys
+    }
+
+    /// Unknown (older JSON).
+    pub const UNKNOWN: IdStats = IdStats {
+        valid_slots: f64::NAN,
+        distinct_keys: f64::NAN,
+        pair_aligned: f64::NAN,
+    };
+}
+
+/// The workload of the SPEC's headline points (B = 1).
+pub const HEADLINE: Workload = Workload {
+    seq_q: 8192,
+    seq_k: 4096,
+    heads: 64,
+    dim: 128,
+};
+
+/// Sizes of a point other than topk (B = 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workload {
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub heads: usize,
+    pub dim: usize,
+}
+
 /// One measured point.
 #[derive(Clone, Debug)]
 pub struct Point {
     pub topk: usize,
     pub ids: &'static str,
+    /// Sizes (older JSON: the headline workload, which all of it ran).
+    pub workload: Workload,
     pub dk: GradDtype,
     pub median_us: f64,
     pub min_us: f64,
@@ -56,22 +142,45 @@ pub struct Point {
     /// needs to gather each valid slot's K row once and reduce its dK row
     /// once, with no arithmetic (NaN when not measured).
     pub traffic_us: f64,
+    /// The ids' counts.
+    pub stats: IdStats,
 }
 
-/// The README table of `points` and the ceilings line.
+/// `x` with `digits` decimals, or "-" when NaN.
+fn or_dash(x: f64, digits: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.digits$}")
+    } else {
+        "-".to_string()
+    }
+}
+
+/// The ids names the bench knows (others read back as "?").
+pub const ID_KINDS: [&str; 3] = ["uniform", "ragged", "topk"];
+
+fn ids_name(v: &serde_json::Value) -> &'static str {
+    ID_KINDS.into_iter().find(|&k| v == k).unwrap_or("?")
+}
+
+/// The README table of `points` and the ceilings line. "dK GB/s" is
+/// valid slots x D x 4 bytes over the median time (the f32 dK traffic the
+/// reductions carry); "valid slots", "slots/key" and "pair-aligned" are
+/// [`IdStats`].
 pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "| topk | ids | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us |");
+    let _ = writeln!(s, "| topk | ids | S_q x S_k | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us | valid slots (M) | slots/key | pair-aligned |");
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} |",
+            "| {} | {} | {}x{} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} | {} | {} | {} |",
             p.topk,
             p.ids,
+            p.workload.seq_q,
+            p.workload.seq_k,
             if p.dk == GradDtype::F32 { "f32" } else { "bf16" },
             p.median_us,
             p.min_us,
@@ -84,8 +193,20 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
             p.scatter_gbs,
             p.binding,
             100.0 * p.bound_us / p.median_us,
-            if p.traffic_us.is_finite() { format!("{:.0}", p.traffic_us) } else { "-".to_string() }
+            or_dash(p.traffic_us, 0),
+            or_dash(p.stats.valid_slots / 1e6, 2),
+            or_dash(p.stats.slots_per_key(), 1),
+            or_dash(p.stats.pair_aligned, 2)
         );
+    }
+    let mut shapes: Vec<(usize, usize)> = points
+        .iter()
+        .map(|p| (p.workload.heads, p.workload.dim))
+        .collect();
+    shapes.sort_unstable();
+    shapes.dedup();
+    if let [(h, d)] = shapes[..] {
+        let _ = writeln!(s, "\nB = 1, H = {h}, D = {d}.");
     }
     let _ = writeln!(
         s,
@@ -111,9 +232,22 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     s
 }
 
-/// Writes the time-vs-topk chart as SVG to `path`.
+/// Writes the time-vs-topk chart as SVG to `path`: the points of the
+/// headline workload ([`HEADLINE`]), or of the first point's workload when
+/// there are none.
 pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
+    let shown = if points.iter().any(|p| p.workload == HEADLINE) {
+        HEADLINE
+    } else {
+        points.first().map_or(HEADLINE, |p| p.workload)
+    };
+    let points: Vec<Point> = points
+        .iter()
+        .filter(|p| p.workload == shown)
+        .cloned()
+        .collect();
+    let points = &points[..];
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let (tmin, tmax) = (64.0f64, 4096.0f64);
@@ -125,8 +259,11 @@ pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn st
     let ymin = points.iter().map(|p| p.bound_us).fold(CUDNN[0].2, f64::min) * 0.5;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "indexer backward on H200: whole execute vs topk",
-            ("sans-serif", 20),
+            format!(
+                "indexer backward on H200: whole execute vs topk (S_q {}, S_k {}, H {}, D {})",
+                shown.seq_q, shown.seq_k, shown.heads, shown.dim
+            ),
+            ("sans-serif", 18),
         )
         .margin(12)
         .x_label_area_size(40)
@@ -148,6 +285,12 @@ pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn st
             "this crate, uniform, f32 dK",
         ),
         ("ragged", GradDtype::F32, BLUE, "this crate, ragged, f32 dK"),
+        (
+            "topk",
+            GradDtype::F32,
+            GREEN,
+            "this crate, topk ids, f32 dK",
+        ),
         (
             "uniform",
             GradDtype::Bf16,
@@ -172,11 +315,13 @@ pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn st
             });
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
-    let cudnn: Vec<(f64, f64)> = CUDNN.iter().map(|&(t, u, _)| (t as f64, u)).collect();
-    chart
-        .draw_series(LineSeries::new(cudnn, BLACK.stroke_width(1)))?
-        .label("cuDNN-frontend 1.32, uniform (DESIGN.md)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    if shown == HEADLINE {
+        let cudnn: Vec<(f64, f64)> = CUDNN.iter().map(|&(t, u, _)| (t as f64, u)).collect();
+        chart
+            .draw_series(LineSeries::new(cudnn, BLACK.stroke_width(1)))?
+            .label("cuDNN-frontend 1.32, uniform (DESIGN.md)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    }
     let bound: Vec<(f64, f64)> = points
         .iter()
         .filter(|p| p.ids == "uniform" && p.dk == GradDtype::F32)
@@ -216,12 +361,18 @@ pub fn ceilings_json(gpu: &str, c: &Ceilings) -> String {
     )
 }
 
-/// JSON line of one point.
+/// JSON line of one point. Since the long-context points it also carries
+/// the workload (`seq_q`, `seq_k`, `heads`, `dim`) and [`IdStats`]
+/// (`valid_slots`, `distinct_keys`, `slots_per_key`, `pair_aligned`).
 pub fn point_json(p: &Point) -> String {
     format!(
-        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\",\"traffic_us\":{:.1}}}",
+        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"seq_q\":{},\"seq_k\":{},\"heads\":{},\"dim\":{},\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\",\"traffic_us\":{},\"valid_slots\":{},\"distinct_keys\":{},\"slots_per_key\":{},\"pair_aligned\":{}}}",
         p.topk,
         p.ids,
+        p.workload.seq_q,
+        p.workload.seq_k,
+        p.workload.heads,
+        p.workload.dim,
         dk_name(p.dk),
         p.median_us,
         p.min_us,
@@ -233,11 +384,25 @@ pub fn point_json(p: &Point) -> String {
         p.scatter_gbs,
         p.bound_us,
         p.binding,
-        p.traffic_us
+        json_num(p.traffic_us, 1),
+        json_num(p.stats.valid_slots, 0),
+        json_num(p.stats.distinct_keys, 0),
+        json_num(p.stats.slots_per_key(), 3),
+        json_num(p.stats.pair_aligned, 4)
     )
 }
 
-fn dk_name(d: GradDtype) -> &'static str {
+/// A number for JSON: `null` when not finite.
+pub fn json_num(x: f64, digits: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.digits$}")
+    } else {
+        "null".to_string()
+    }
+}
+
+/// "f32" or "bf16".
+pub fn dk_name(d: GradDtype) -> &'static str {
     if d == GradDtype::F32 {
         "f32"
     } else {
@@ -280,12 +445,15 @@ pub fn parse_json_lines(text: &str) -> Result<(String, Ceilings, Vec<Point>), St
                     cast_us: f(&v, "cast_us")?,
                     total_us: f(&v, "median_us")?,
                 };
+                let size = |k: &str, default: usize| v[k].as_u64().map_or(default, |x| x as usize);
                 points.push(Point {
                     topk: f(&v, "topk")? as usize,
-                    ids: if v["ids"] == "ragged" {
-                        "ragged"
-                    } else {
-                        "uniform"
+                    ids: ids_name(&v["ids"]),
+                    workload: Workload {
+                        seq_q: size("seq_q", HEADLINE.seq_q),
+                        seq_k: size("seq_k", HEADLINE.seq_k),
+                        heads: size("heads", HEADLINE.heads),
+                        dim: size("dim", HEADLINE.dim),
                     },
                     dk: if v["dk"] == "bf16" {
                         GradDtype::Bf16
@@ -305,6 +473,11 @@ pub fn parse_json_lines(text: &str) -> Result<(String, Ceilings, Vec<Point>), St
                         "dK scatter"
                     },
                     traffic_us: opt(&v, "traffic_us"),
+                    stats: IdStats {
+                        valid_slots: opt(&v, "valid_slots"),
+                        distinct_keys: opt(&v, "distinct_keys"),
+                        pair_aligned: opt(&v, "pair_aligned"),
+                    },
                 });
             }
             _ => {}

@@ -301,7 +301,7 @@ fn realistic_shapes_are_accurate_and_deterministic() {
         };
         let mut p = Problem::random(&mut rng, shape, opts, g);
         if ragged {
-            p.make_ragged();
+            p.make_ragged(&mut rng);
         }
         let a = run_gpu(&ctx, &p);
         let e = check_against_reference(&p, &a);

@@ -1,47 +1,219 @@
-//! `indexer-bench`: the SPEC workload (B=1, S_q=8192, S_k=4096, H=64, D=128,
-//! topk 128..2048, uniform and ragged ids, f32 and bf16 `d_index_k`) timed
-//! with CUDA events (median, min, p90 of `--runs` after `--warmup`), split
-//! by stage, next to this GPU's ceilings measured by the crate's own
-//! kernels. Prints a table and JSON lines; `--plot FILE.svg` draws time vs
-//! topk; `--markdown FILE` writes the README table.
+//! `indexer-bench`: the SPEC workload timed with CUDA events (median, min,
+//! p90 of `--runs` after `--warmup`), split by stage, next to this GPU's
+//! ceilings measured by the crate's own kernels. Prints a table and JSON
+//! lines; `--plot FILE.svg` draws time vs topk; `--markdown FILE` writes
+//! the README table.
+//!
+//! Points: the headline workload (B=1, S_q=8192, S_k=4096, H=64, D=128)
+//! at topk 128..2048 with "uniform", "ragged" and "topk" ids, then the
+//! long context (S_q=4096, S_k=32768 and 131072, topk 2048) with "topk"
+//! ids (what a trained indexer feeds the backward) and "uniform" ids (the
+//! scattered worst case), each with f32 and bf16 `d_index_k`. The ids are
+//! SPEC's (`Problem::make_ragged`, `Problem::make_topk` document them).
+//!
+//! Besides time, each point reports what its ids ask of the dK reduction
+//! (`report::IdStats`): valid slots, distinct key rows they name, valid
+//! slots per distinct key row, the share of slot-aligned equal pairs of
+//! rows, and dK GB/s = valid slots x D x 4 bytes / median time.
 //!
 //! ```text
 //! indexer-bench [--seq-q 8192] [--seq-k 4096] [--heads 64] [--dim 128]
-//!               [--topk 128,256,512,1024,2048] [--ids uniform,ragged]
-//!               [--dk f32,bf16] [--runs 30] [--warmup 5]
+//!               [--topk 128,256,512,1024,2048] [--ids uniform,ragged,topk]
+//!               [--long-context on|off|only] [--long-seq-k 32768,131072]
+//!               [--long-seq-q 4096] [--long-topk 2048] [--long-ids topk,uniform]
+//!               [--dk f32,bf16] [--runs 30] [--warmup 5] [--seed 1]
 //!               [--plot FILE.svg] [--markdown FILE] [--json FILE]
 //! indexer-bench --from-json RUN.jsonl [--plot FILE.svg] [--markdown FILE]
+//! indexer-bench --input CASE.safetensors [--output OUT.safetensors]
+//!               [--runs 30] [--warmup 5] [--key-ids global|local]
+//!               [--sm-scale F] [--loss-coeff F] [--grad-loss F]
+//!               [--score probs|log-probs] [--dk f32|bf16] [--dw bf16|f32]
+//!               [--json FILE]
 //! ```
+//!
+//! `--input` times this crate on the tensors of a file (the names of
+//! `indexer-replay`; i64 ids are narrowed to i32 as there): the same
+//! method, `attn_score` restored before every run (execute overwrites it
+//! with grad_signal; nothing else it reads is written), then prints one
+//! JSON line (`"kind":"input"`) and writes the last run's outputs
+//! (`grad_signal`, `d_index_q`, `d_weights`, `d_index_k`) to `--output`.
+//! The options come from flags, else from the file's metadata (string
+//! values under `sm_scale`, `loss_coeff`, `key_ids` global|local,
+//! `score` probs|log_probs, `d_index_k` and `d_weights` f32|bf16), else
+//! the defaults (1, 1, global, probs, f32, bf16); `grad_loss` from the
+//! flag, else the file's tensor, else 1.
 
+use clap::{Parser, ValueEnum};
 use dsa_indexer_bwd::cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut,
 };
-use dsa_indexer_bwd::{gpu, GradDtype, Options, Plan, Shape, StageEvents, StageTimes};
+use dsa_indexer_bwd::oneshot::GradVec;
+use dsa_indexer_bwd::{
+    bf16, gpu, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents, StageTimes,
+};
+use indexer_tests::io::{check_ids, read_case, serialize_outputs, OutFile, Res};
 use indexer_tests::report::{
-    ceilings_json, markdown, parse_json_lines, plot, point_json, Ceilings, Point,
+    ceilings_json, dk_name, json_num, markdown, parse_json_lines, plot, point_json, Ceilings,
+    IdStats, Point, Workload,
 };
 use indexer_tests::{DeviceProblem, Gen, Padding, Problem, Values};
 use kernels_gpu::params::*;
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 
-fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
+/// Times the sparse indexer backward on SPEC's workload (or on the tensors
+/// of a file) with CUDA events.
+#[derive(Parser, Debug)]
+#[command(name = "indexer-bench")]
+struct Cli {
+    /// Query rows of the headline points.
+    #[arg(long, default_value_t = 8192)]
+    seq_q: usize,
+    /// Keys of the headline points.
+    #[arg(long, default_value_t = 4096)]
+    seq_k: usize,
+    /// Heads (all points).
+    #[arg(long, default_value_t = 64)]
+    heads: usize,
+    /// Head dimension (all points).
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// topk of the headline points.
+    #[arg(long, value_delimiter = ',', default_value = "128,256,512,1024,2048")]
+    topk: Vec<usize>,
+    /// Ids of the headline points (SPEC, "Performance workload").
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "uniform,ragged,topk"
+    )]
+    ids: Vec<IdKind>,
+    /// Long-context points after the headline ones (on), none (off), or
+    /// those alone (only).
+    #[arg(long, value_enum, default_value_t = LongContext::On)]
+    long_context: LongContext,
+    /// Query rows of the long-context points.
+    #[arg(long, default_value_t = 4096)]
+    long_seq_q: usize,
+    /// Keys of the long-context points.
+    #[arg(long, value_delimiter = ',', default_value = "32768,131072")]
+    long_seq_k: Vec<usize>,
+    /// topk of the long-context points.
+    #[arg(long, default_value_t = 2048)]
+    long_topk: usize,
+    /// Ids of the long-context points.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "topk,uniform"
+    )]
+    long_ids: Vec<IdKind>,
+    /// Element types of d_index_k (with --input: the one to use; default
+    /// the file's metadata, else f32).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    dk: Vec<DtypeArg>,
+    /// Timed runs per point (median, min, p90).
+    #[arg(long, default_value_t = 30)]
+    runs: usize,
+    /// Untimed runs before them.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Seed of the problems.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Writes the time-vs-topk chart (SVG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Writes the markdown table.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Writes the JSON lines.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Re-renders --plot/--markdown from an earlier run's JSON lines (no GPU).
+    #[arg(long, value_name = "RUN.jsonl", conflicts_with = "input")]
+    from_json: Option<PathBuf>,
+    /// Times the tensors of this .safetensors file instead of the workload.
+    #[arg(long, value_name = "CASE.safetensors")]
+    input: Option<PathBuf>,
+    /// With --input: writes the outputs of the last timed run here.
+    #[arg(long, value_name = "OUT.safetensors", requires = "input")]
+    output: Option<PathBuf>,
+    /// With --input: id convention (default: metadata key_ids, else global).
+    #[arg(long, value_enum)]
+    key_ids: Option<KeyIdsArg>,
+    /// With --input: scale of q . k (default: metadata sm_scale, else 1).
+    #[arg(long, allow_negative_numbers = true)]
+    sm_scale: Option<f32>,
+    /// With --input: loss coefficient (default: metadata loss_coeff, else 1).
+    #[arg(long, allow_negative_numbers = true)]
+    loss_coeff: Option<f32>,
+    /// With --input: upstream gradient (default: the file's grad_loss, else 1).
+    #[arg(long, allow_negative_numbers = true)]
+    grad_loss: Option<f32>,
+    /// With --input: what index_score holds (default: metadata score, else probs).
+    #[arg(long, value_enum)]
+    score: Option<ScoreArg>,
+    /// With --input: element type of d_weights (default: metadata d_weights, else bf16).
+    #[arg(long, value_enum)]
+    dw: Option<DtypeArg>,
 }
 
-fn num(args: &[String], name: &str, default: usize) -> usize {
-    arg(args, name).map_or(default, |v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}: not a number: {v}"))
-    })
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum IdKind {
+    Uniform,
+    Ragged,
+    Topk,
 }
 
-fn list<'a>(args: &'a [String], name: &str, default: &'a str) -> Vec<&'a str> {
-    arg(args, name).unwrap_or(default).split(',').collect()
+impl IdKind {
+    fn name(self) -> &'static str {
+        match self {
+            IdKind::Uniform => "uniform",
+            IdKind::Ragged => "ragged",
+            IdKind::Topk => "topk",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LongContext {
+    On,
+    Off,
+    Only,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DtypeArg {
+    F32,
+    Bf16,
+}
+
+impl DtypeArg {
+    fn grad(self) -> GradDtype {
+        match self {
+            DtypeArg::F32 => GradDtype::F32,
+            DtypeArg::Bf16 => GradDtype::Bf16,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum KeyIdsArg {
+    Global,
+    Local,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ScoreArg {
+    Probs,
+    LogProbs,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -199,57 +371,164 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
 }
 
 /// `--markdown FILE` and `--plot FILE.svg`.
-fn write_reports(args: &[String], gpu: &str, ceil: &Ceilings, points: &[Point]) {
-    if let Some(f) = arg(args, "--markdown") {
-        std::fs::write(f, markdown(points, gpu, ceil)).expect("--markdown");
+fn write_reports(cli: &Cli, gpu: &str, ceil: &Ceilings, points: &[Point]) -> Res<()> {
+    if let Some(f) = &cli.markdown {
+        std::fs::write(f, markdown(points, gpu, ceil))
+            .map_err(|e| format!("--markdown {}: {e}", f.display()))?;
     }
-    if let Some(f) = arg(args, "--plot") {
-        plot(f, points, ceil).expect("--plot");
-        eprintln!("wrote {f}");
+    if let Some(f) = &cli.plot {
+        let name = f.display().to_string();
+        plot(&name, points, ceil).map_err(|e| format!("--plot {name}: {e}"))?;
+        eprintln!("wrote {name}");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let done = if let Some(f) = &cli.from_json {
+        // Re-render the reports of an earlier GPU run from its JSON lines.
+        std::fs::read_to_string(f)
+            .map_err(|e| format!("--from-json {}: {e}", f.display()))
+            .and_then(|text| parse_json_lines(&text))
+            .and_then(|(gpu, ceil, points)| write_reports(&cli, &gpu, &ceil, &points))
+    } else if let Some(input) = &cli.input {
+        run_input(&cli, input)
+    } else {
+        run_workload(&cli)
+    };
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("indexer-bench: error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(f) = arg(&args, "--from-json") {
-        // Re-render the reports of an earlier GPU run from its JSON lines.
-        let text = std::fs::read_to_string(f).expect("--from-json");
-        let (gpu, ceil, points) = parse_json_lines(&text).expect("--from-json");
-        write_reports(&args, &gpu, &ceil, &points);
-        return;
+/// Whole-`execute` times of one problem on the device.
+struct Timing {
+    /// Medians per stage; `total_us` the median of the whole.
+    stages: StageTimes,
+    min_us: f64,
+    p90_us: f64,
+}
+
+/// Runs `plan` `warmup + runs` times on `d`, restoring `attn_score` (which
+/// execute overwrites with grad_signal) from `p` before each run, and
+/// times the timed runs with the plan's stage events.
+fn time_execute(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    plan: &Plan,
+    d: &mut DeviceProblem,
+    p: &Problem,
+    warmup: usize,
+    runs: usize,
+) -> Res<Timing> {
+    let ev = StageEvents::new(ctx).map_err(|e| e.to_string())?;
+    let mut st = Vec::new();
+    for i in 0..warmup + runs {
+        d.reset_targets(stream, p);
+        d.execute_profiled(plan, stream, p.loss_coeff, &ev)
+            .map_err(|e| format!("execute: {e}"))?;
+        let times = ev.times().map_err(|e| e.to_string())?;
+        if i >= warmup {
+            st.push(times);
+        }
     }
-    let seq_q = num(&args, "--seq-q", 8192);
-    let seq_k = num(&args, "--seq-k", 4096);
-    let heads = num(&args, "--heads", 64);
-    let dim = num(&args, "--dim", 128);
-    let runs = num(&args, "--runs", 30).max(1);
-    let warmup = num(&args, "--warmup", 5);
-    let topks: Vec<usize> = list(&args, "--topk", "128,256,512,1024,2048")
-        .iter()
-        .map(|v| v.parse().expect("--topk"))
-        .collect();
-    let id_kinds = list(&args, "--ids", "uniform,ragged");
-    let dks: Vec<GradDtype> = list(&args, "--dk", "f32,bf16")
-        .iter()
-        .map(|d| {
-            if *d == "bf16" {
-                GradDtype::Bf16
-            } else {
-                GradDtype::F32
+    let mut tot: Vec<f64> = st.iter().map(|s| s.total_us).collect();
+    tot.sort_by(f64::total_cmp);
+    let med = |f: fn(&StageTimes) -> f64| median(st.iter().map(f).collect());
+    Ok(Timing {
+        stages: StageTimes {
+            zeroing_us: med(|s| s.zeroing_us),
+            gradients_us: med(|s| s.gradients_us),
+            cast_us: med(|s| s.cast_us),
+            total_us: tot[tot.len() / 2],
+        },
+        min_us: tot[0],
+        p90_us: tot[(tot.len() * 9 / 10).min(tot.len() - 1)],
+    })
+}
+
+/// A problem of the workload with SPEC's ids of kind `ids` (continuous
+/// values, normalised target and predict rows).
+fn make_problem(rng: &mut impl Rng, shape: Shape, ids: IdKind) -> Problem {
+    let g = Gen {
+        values: Values::Continuous,
+        padding: Padding::NegOne,
+        short_rows: 0.0,
+        trailing: false,
+        duplicates: false,
+        masked: 0.0,
+    };
+    // "uniform": topk distinct keys of all S_k in random slot order.
+    let mut p = Problem::random(rng, shape, Options::default(), g);
+    match ids {
+        IdKind::Uniform => {}
+        IdKind::Ragged => p.make_ragged(rng),
+        IdKind::Topk => {
+            p.make_topk(rng);
+        }
+    }
+    p
+}
+
+/// The points to measure: (workload, topk, ids).
+fn cases(cli: &Cli) -> Vec<(Workload, usize, IdKind)> {
+    let mut out = Vec::new();
+    if cli.long_context != LongContext::Only {
+        let w = Workload {
+            seq_q: cli.seq_q,
+            seq_k: cli.seq_k,
+            heads: cli.heads,
+            dim: cli.dim,
+        };
+        for &topk in &cli.topk {
+            for &ids in &cli.ids {
+                out.push((w, topk, ids));
             }
-        })
-        .collect();
+        }
+    }
+    if cli.long_context != LongContext::Off {
+        for &seq_k in &cli.long_seq_k {
+            let w = Workload {
+                seq_q: cli.long_seq_q,
+                seq_k,
+                heads: cli.heads,
+                dim: cli.dim,
+            };
+            for &ids in &cli.long_ids {
+                out.push((w, cli.long_topk, ids));
+            }
+        }
+    }
+    out
+}
+
+fn run_workload(cli: &Cli) -> Res<()> {
+    let runs = cli.runs.max(1);
+    let dks: Vec<GradDtype> = if cli.dk.is_empty() {
+        vec![GradDtype::F32, GradDtype::Bf16]
+    } else {
+        cli.dk.iter().map(|d| d.grad()).collect()
+    };
+    let cases = cases(cli);
     if dsa_indexer_bwd::cuda_device_count() == 0 {
         println!("indexer-bench: skipped: no CUDA device");
-        return;
+        return Ok(());
     }
-    let ctx = CudaContext::new(0).expect("device 0");
+    let ctx = CudaContext::new(0).map_err(|e| format!("device 0: {e}"))?;
     let stream = ctx.default_stream();
-    let gpu_name = ctx.name().unwrap();
+    let gpu_name = ctx.name().map_err(|e| e.to_string())?;
     eprintln!("measuring ceilings...");
-    let ceil = measure_ceilings(&ctx, &stream, seq_k);
+    let ceil = measure_ceilings(&ctx, &stream, cli.seq_k);
     let scatter_ceiling = ceil.scatter_bulk.max(ceil.scatter_red);
-    println!("GPU {gpu_name}; workload B=1 S_q={seq_q} S_k={seq_k} H={heads} D={dim}; {runs} runs after {warmup} warm-ups");
+    println!(
+        "GPU {gpu_name}; B=1 H={} D={}; {runs} runs after {} warm-ups",
+        cli.heads, cli.dim, cli.warmup
+    );
     println!(
         "ceilings: mma.sync bf16 {:.0} TFLOP/s | scattered f32 rows: red {:.2} TB/s, bulk {:.2} TB/s | gathered bf16 rows {:.2} TB/s | copy {:.2} TB/s | slots: gather {:.2} G/s, reduce {:.2} G/s, both {:.2} G/s",
         ceil.mma_flops / 1e12,
@@ -264,87 +543,57 @@ fn main() {
     let ceil_line = ceilings_json(&gpu_name, &ceil);
     println!("{ceil_line}");
 
-    let total = topks.len() * id_kinds.len() * dks.len();
+    let total = cases.len() * dks.len();
     let mut points = Vec::new();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    for &topk in &topks {
-        for &ids in &id_kinds {
-            let shape = Shape {
-                batch: 1,
-                seq_q,
-                seq_k,
-                heads,
-                head_dim: dim,
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cli.seed);
+    for (w, topk, ids) in cases {
+        let shape = Shape {
+            batch: 1,
+            seq_q: w.seq_q,
+            seq_k: w.seq_k,
+            heads: w.heads,
+            head_dim: w.dim,
+            topk,
+        };
+        let mut p = make_problem(&mut rng, shape, ids);
+        let stats = IdStats::count(&shape, &p.opts, &p.ids);
+        let valid = stats.valid_slots;
+        for &dk in &dks {
+            eprint!(
+                "\r[{}/{total}] S_q {} S_k {} topk {topk} {} d_index_k {dk:?}        ",
+                points.len() + 1,
+                w.seq_q,
+                w.seq_k,
+                ids.name()
+            );
+            let opts = Options {
+                d_index_k: dk,
+                ..Options::default()
+            };
+            p.opts = opts;
+            let plan = Plan::new(&ctx, shape, opts).map_err(|e| format!("plan: {e}"))?;
+            let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
+            let t = time_execute(&ctx, &stream, &plan, &mut d, &p, cli.warmup, runs)?;
+            let secs = t.stages.total_us * 1e-6;
+            let flop = 6.0 * valid * (w.heads * w.dim) as f64;
+            let bytes = valid * w.dim as f64 * 4.0;
+            let (t_mma, t_sc) = (flop / ceil.mma_flops, bytes / scatter_ceiling);
+            points.push(Point {
                 topk,
-            };
-            let g = Gen {
-                values: Values::Continuous,
-                padding: Padding::NegOne,
-                short_rows: 0.0,
-                trailing: false,
-                duplicates: false,
-                masked: 0.0,
-            };
-            let mut p = Problem::random(&mut rng, shape, Options::default(), g);
-            let ids: &'static str = if ids == "ragged" {
-                p.make_ragged();
-                "ragged"
-            } else {
-                "uniform"
-            };
-            let valid = p.ids.iter().filter(|&&i| i >= 0).count() as f64;
-            for &dk in &dks {
-                eprint!(
-                    "\r[{}/{total}] topk {topk} {ids} d_index_k {dk:?}        ",
-                    points.len() + 1
-                );
-                let opts = Options {
-                    d_index_k: dk,
-                    ..Options::default()
-                };
-                p.opts = opts;
-                let plan = Plan::new(&ctx, shape, opts).expect("plan");
-                let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
-                let ev = StageEvents::new(&ctx).unwrap();
-                let mut st = Vec::new();
-                for i in 0..warmup + runs {
-                    // Fresh targets each run (execute overwrites them with grad_signal).
-                    d.reset_targets(&stream, &p);
-                    d.execute_profiled(&plan, &stream, p.loss_coeff, &ev)
-                        .expect("execute");
-                    let times = ev.times().unwrap();
-                    if i >= warmup {
-                        st.push(times);
-                    }
-                }
-                let mut tot: Vec<f64> = st.iter().map(|s| s.total_us).collect();
-                tot.sort_by(f64::total_cmp);
-                let med = |f: fn(&StageTimes) -> f64| median(st.iter().map(f).collect());
-                let stages = StageTimes {
-                    zeroing_us: med(|s| s.zeroing_us),
-                    gradients_us: med(|s| s.gradients_us),
-                    cast_us: med(|s| s.cast_us),
-                    total_us: tot[tot.len() / 2],
-                };
-                let t = stages.total_us * 1e-6;
-                let flop = 6.0 * valid * (heads * dim) as f64;
-                let bytes = valid * dim as f64 * 4.0;
-                let (t_mma, t_sc) = (flop / ceil.mma_flops, bytes / scatter_ceiling);
-                points.push(Point {
-                    topk,
-                    ids,
-                    dk,
-                    median_us: stages.total_us,
-                    min_us: tot[0],
-                    p90_us: tot[(tot.len() * 9 / 10).min(tot.len() - 1)],
-                    stages,
-                    tflops: flop / t / 1e12,
-                    scatter_gbs: bytes / t / 1e9,
-                    bound_us: t_mma.max(t_sc) * 1e6,
-                    binding: if t_mma > t_sc { "mma" } else { "dK scatter" },
-                    traffic_us: valid / ceil.slots_both * 1e6,
-                });
-            }
+                ids: ids.name(),
+                workload: w,
+                dk,
+                median_us: t.stages.total_us,
+                min_us: t.min_us,
+                p90_us: t.p90_us,
+                stages: t.stages,
+                tflops: flop / secs / 1e12,
+                scatter_gbs: bytes / secs / 1e9,
+                bound_us: t_mma.max(t_sc) * 1e6,
+                binding: if t_mma > t_sc { "mma" } else { "dK scatter" },
+                traffic_us: valid / ceil.slots_both * 1e6,
+                stats,
+            });
         }
     }
     eprintln!();
@@ -355,8 +604,205 @@ fn main() {
         let _ = writeln!(json, "{}", point_json(p));
     }
     print!("{json}");
-    if let Some(f) = arg(&args, "--json") {
-        std::fs::write(f, &json).expect("--json");
+    if let Some(f) = &cli.json {
+        std::fs::write(f, &json).map_err(|e| format!("--json {}: {e}", f.display()))?;
     }
-    write_reports(&args, &gpu_name, &ceil, &points);
+    write_reports(cli, &gpu_name, &ceil, &points)
+}
+
+/// A metadata value parsed by `parse`, or `None` when absent; an error
+/// names the key.
+fn meta<T>(
+    m: &HashMap<String, String>,
+    key: &str,
+    inp: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Res<Option<T>> {
+    m.get(key)
+        .map(|v| parse(v.trim()).ok_or_else(|| format!("{inp}: metadata {key}: cannot read {v:?}")))
+        .transpose()
+}
+
+fn dtype_of(v: &str) -> Option<GradDtype> {
+    match v {
+        "f32" | "float32" => Some(GradDtype::F32),
+        "bf16" | "bfloat16" => Some(GradDtype::Bf16),
+        _ => None,
+    }
+}
+
+/// The options of `--input`: flags, else the file's metadata, else defaults.
+fn input_options(cli: &Cli, m: &HashMap<String, String>, inp: &str) -> Res<(Options, f32)> {
+    let finite = |v: &str| v.parse::<f32>().ok().filter(|x| x.is_finite());
+    let opts = Options {
+        sm_scale: match cli.sm_scale {
+            Some(v) => v,
+            None => meta(m, "sm_scale", inp, finite)?.unwrap_or(1.0),
+        },
+        key_ids: match cli.key_ids {
+            Some(KeyIdsArg::Global) => KeyIds::Global,
+            Some(KeyIdsArg::Local) => KeyIds::Local,
+            None => meta(m, "key_ids", inp, |v| match v {
+                "global" => Some(KeyIds::Global),
+                "local" => Some(KeyIds::Local),
+                _ => None,
+            })?
+            .unwrap_or(KeyIds::Global),
+        },
+        score: match cli.score {
+            Some(ScoreArg::Probs) => ScoreKind::Probs,
+            Some(ScoreArg::LogProbs) => ScoreKind::LogProbs,
+            None => meta(m, "score", inp, |v| match v {
+                "probs" => Some(ScoreKind::Probs),
+                "log_probs" | "log-probs" => Some(ScoreKind::LogProbs),
+                _ => None,
+            })?
+            .unwrap_or(ScoreKind::Probs),
+        },
+        d_index_k: match cli.dk[..] {
+            [] => meta(m, "d_index_k", inp, dtype_of)?.unwrap_or(GradDtype::F32),
+            [d] => d.grad(),
+            _ => return Err("--input takes one --dk".into()),
+        },
+        d_weights: match cli.dw {
+            Some(d) => d.grad(),
+            None => meta(m, "d_weights", inp, dtype_of)?.unwrap_or(GradDtype::Bf16),
+        },
+        ..Options::default()
+    };
+    let loss_coeff = match cli.loss_coeff {
+        Some(v) => v,
+        None => meta(m, "loss_coeff", inp, finite)?.unwrap_or(1.0),
+    };
+    Ok((opts, loss_coeff))
+}
+
+/// `--input`: times the file's tensors, prints one JSON line, writes the
+/// outputs to `--output`. Progress and notes go to stderr.
+fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
+    let inp = input.display().to_string();
+    std::fs::metadata(input).map_err(|e| format!("{inp}: {e}"))?;
+    let out_file = match &cli.output {
+        Some(o) => Some(OutFile::create(o, input)?),
+        None => None,
+    };
+    let case = read_case(input)?;
+    let shape = case.shape;
+    if !case.unread.is_empty() {
+        eprintln!(
+            "note: {inp} also holds {} (not read)",
+            case.unread.join(", ")
+        );
+    }
+    let (opts, loss_coeff) = input_options(cli, &case.metadata, &inp)?;
+    let (grad_loss, from) = case.grad_loss(cli.grad_loss, &inp)?;
+    eprintln!(
+        "{}",
+        check_ids(&shape, &opts, &case.topk_indices, false, &inp)?
+    );
+    for w in case.non_finite_warnings(&inp) {
+        eprintln!("{w}");
+    }
+    eprintln!("{shape:?} {opts:?}; grad_loss {grad_loss} ({from}), loss_coeff {loss_coeff}");
+    let stats = IdStats::count(&shape, &opts, &case.topk_indices);
+    if dsa_indexer_bwd::cuda_device_count() == 0 {
+        return Err(format!("{inp}: no CUDA device: --input times the GPU"));
+    }
+    let ctx = CudaContext::new(0).map_err(|e| format!("device 0: {e}"))?;
+    let stream = ctx.default_stream();
+    let gpu_name = ctx.name().map_err(|e| e.to_string())?;
+    let per_batch = shape.seq_q * shape.topk;
+    let valid = case
+        .topk_indices
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| opts.resolve(&shape, i / per_batch, id).is_some())
+        .collect();
+    let p = Problem {
+        shape,
+        opts,
+        q: case.index_q,
+        w: case.weights,
+        k: case.index_k,
+        target: case.attn_score,
+        score: case.index_score,
+        ids: case.topk_indices,
+        valid,
+        grad_loss,
+        loss_coeff,
+    };
+    let plan = Plan::new(&ctx, shape, opts).map_err(|e| format!("{inp}: plan: {e}"))?;
+    let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
+    let runs = cli.runs.max(1);
+    let t = time_execute(&ctx, &stream, &plan, &mut d, &p, cli.warmup, runs)
+        .map_err(|e| format!("{inp}: {e}"))?;
+    stream
+        .synchronize()
+        .map_err(|e| format!("{inp}: synchronize: {e}"))?;
+    let line = serde_json::json!({
+        "kind": "input",
+        "file": inp,
+        "gpu": gpu_name,
+        "batch": shape.batch,
+        "seq_q": shape.seq_q,
+        "seq_k": shape.seq_k,
+        "heads": shape.heads,
+        "dim": shape.head_dim,
+        "topk": shape.topk,
+        "key_ids": if opts.key_ids == KeyIds::Global { "global" } else { "local" },
+        "dk": dk_name(opts.d_index_k),
+        "dw": dk_name(opts.d_weights),
+        "ids_were_i64": case.ids_were_i64,
+        "runs": runs,
+        "warmup": cli.warmup,
+        "median_us": round1(t.stages.total_us),
+        "min_us": round1(t.min_us),
+        "p90_us": round1(t.p90_us),
+        "zeroing_us": round1(t.stages.zeroing_us),
+        "gradients_us": round1(t.stages.gradients_us),
+        "cast_us": round1(t.stages.cast_us),
+        "valid_slots": stats.valid_slots,
+        "distinct_keys": stats.distinct_keys,
+        "slots_per_key": json_num(stats.slots_per_key(), 3).parse::<f64>().ok(),
+        "pair_aligned": json_num(stats.pair_aligned, 4).parse::<f64>().ok(),
+        "dk_gbs": round1(stats.valid_slots * shape.head_dim as f64 * 4.0 / (t.stages.total_us * 1e-6) / 1e9),
+    })
+    .to_string();
+    println!("{line}");
+    if let Some(f) = &cli.json {
+        std::fs::write(f, format!("{line}\n"))
+            .map_err(|e| format!("--json {}: {e}", f.display()))?;
+    }
+    if let (Some(out_file), Some(out)) = (out_file, &cli.output) {
+        let o = d.download(&stream, &opts);
+        let grad = |v: &[f64], dt: GradDtype| match dt {
+            GradDtype::F32 => GradVec::F32(v.iter().map(|&x| x as f32).collect()),
+            GradDtype::Bf16 => GradVec::Bf16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
+        };
+        let meta = [
+            ("input", inp.clone()),
+            ("backend", "gpu".to_string()),
+            ("options", format!("{opts:?}")),
+            ("grad_loss", format!("{grad_loss}")),
+            ("loss_coeff", format!("{loss_coeff}")),
+            ("median_us", format!("{:.1}", t.stages.total_us)),
+        ];
+        let bytes = serialize_outputs(
+            &shape,
+            &o.grad_signal,
+            &o.d_index_q,
+            &grad(&o.d_weights, opts.d_weights),
+            &grad(&o.d_index_k, opts.d_index_k),
+            &meta,
+            &out.display().to_string(),
+        )?;
+        out_file.commit(&bytes)?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// `x` to one decimal (JSON).
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
 }

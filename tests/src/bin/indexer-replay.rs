@@ -32,14 +32,11 @@
 
 use clap::{Parser, ValueEnum};
 use dsa_indexer_bwd::cpu::{self, HostInputs};
-use dsa_indexer_bwd::oneshot::{self, GradVec};
-use dsa_indexer_bwd::{bf16, Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
-use safetensors::{Dtype, SafeTensors};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use dsa_indexer_bwd::oneshot;
+use dsa_indexer_bwd::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
+use indexer_tests::io::{check_ids, read_case, serialize_outputs, OutFile, Res};
+use std::path::PathBuf;
 use std::process::ExitCode;
-
-type Res<T> = Result<T, String>;
 
 /// Replays a dumped indexer-backward case (SPEC's tensors by name) and
 /// writes the gradients to OUT.
@@ -125,123 +122,6 @@ impl DtypeArg {
     }
 }
 
-/// The output file in the making: a temporary file beside OUT, removed
-/// unless [`OutFile::commit`] renames it over OUT.
-struct OutFile {
-    tmp: PathBuf,
-    out: PathBuf,
-    file: Option<std::fs::File>,
-}
-
-impl OutFile {
-    /// Refuses OUT == IN (same path, link or file) and a directory, then
-    /// creates the temporary file, so an unwritable location fails before
-    /// any work.
-    fn create(out: &Path, input: &Path) -> Res<OutFile> {
-        let shown = out.display();
-        if let Ok(meta) = std::fs::metadata(out) {
-            if meta.is_dir() {
-                return Err(format!("{shown}: is a directory"));
-            }
-            if same_file(out, input) {
-                return Err(format!(
-                    "{shown}: is the input file {}; refusing to replace the dumped case (pick another output path)",
-                    input.display()
-                ));
-            }
-        }
-        let name = out
-            .file_name()
-            .ok_or_else(|| format!("{shown}: not a file path"))?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = out.with_file_name(tmp_name);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| format!("{shown}: cannot create {}: {e}", tmp.display()))?;
-        Ok(OutFile {
-            tmp,
-            out: out.to_path_buf(),
-            file: Some(file),
-        })
-    }
-
-    /// Writes `bytes`, flushes them to disk and renames over OUT.
-    fn commit(mut self, bytes: &[u8]) -> Res<()> {
-        let at = |e: std::io::Error| format!("{}: {e}", self.tmp.display());
-        let mut f = self.file.take().expect("file open until commit");
-        f.write_all(bytes).map_err(at)?;
-        f.sync_all().map_err(at)?;
-        drop(f);
-        std::fs::rename(&self.tmp, &self.out).map_err(|e| {
-            format!(
-                "{}: cannot rename {} over it: {e}",
-                self.out.display(),
-                self.tmp.display()
-            )
-        })
-    }
-}
-
-impl Drop for OutFile {
-    fn drop(&mut self) {
-        // Not committed (or the rename failed): leave no partial file.
-        if self.tmp.exists() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
-
-/// Whether `a` and `b` name the same existing file (same path after
-/// resolving links, or the same inode).
-fn same_file(a: &Path, b: &Path) -> bool {
-    if let (Ok(x), Ok(y)) = (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        if x == y {
-            return true;
-        }
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-            return x.dev() == y.dev() && x.ino() == y.ino();
-        }
-    }
-    false
-}
-
-/// Decodes little-endian elements of `n` bytes each, with a typed error
-/// instead of an abort when memory runs out.
-fn decode<T: Clone + Default, const N: usize>(
-    d: &[u8],
-    what: &'static str,
-    f: impl Fn([u8; N]) -> T,
-) -> Res<Vec<T>> {
-    let mut v = cpu::try_vec(d.len() / N, T::default(), what).map_err(|e| e.to_string())?;
-    for (o, c) in v.iter_mut().zip(d.chunks_exact(N)) {
-        *o = f(c.try_into().expect("N bytes"));
-    }
-    Ok(v)
-}
-
-fn bf16s(d: &[u8], what: &'static str) -> Res<Vec<bf16>> {
-    decode(d, what, |c: [u8; 2]| bf16::from_bits(u16::from_le_bytes(c)))
-}
-
-fn f32s(d: &[u8], what: &'static str) -> Res<Vec<f32>> {
-    decode(d, what, f32::from_le_bytes)
-}
-
-/// Counts of NaN and infinite values.
-fn non_finite(v: impl Iterator<Item = f32>) -> (usize, usize) {
-    v.fold((0, 0), |(n, i), x| {
-        (n + x.is_nan() as usize, i + x.is_infinite() as usize)
-    })
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match replay(&cli) {
@@ -260,125 +140,15 @@ fn replay(cli: &Cli) -> Res<()> {
     // cannot be written.
     std::fs::metadata(input).map_err(|e| format!("{inp}: {e}"))?;
     let out_file = OutFile::create(&cli.output, input)?;
-    let bytes = std::fs::read(input).map_err(|e| format!("{inp}: {e}"))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| format!("{inp}: not a readable safetensors file: {e}"))?;
-    let tensor = |name: &str, dtypes: &[Dtype], rank: usize| {
-        let t = st
-            .tensor(name)
-            .map_err(|e| format!("{inp}: tensor {name}: {e}"))?;
-        if !dtypes.contains(&t.dtype()) {
-            return Err(format!(
-                "{inp}: tensor {name}: dtype {:?}, expected {}",
-                t.dtype(),
-                dtypes
-                    .iter()
-                    .map(|d| format!("{d:?}"))
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            ));
-        }
-        if t.shape().len() != rank {
-            return Err(format!(
-                "{inp}: tensor {name}: shape {:?}, expected rank {rank}",
-                t.shape()
-            ));
-        }
-        Ok(t)
-    };
-    let q = tensor("index_q", &[Dtype::BF16], 4)?;
-    let w = tensor("weights", &[Dtype::BF16], 3)?;
-    let k = tensor("index_k", &[Dtype::BF16], 3)?;
-    let attn = tensor("attn_score", &[Dtype::F32], 3)?;
-    let score = tensor("index_score", &[Dtype::F32], 3)?;
-    let ids = tensor("topk_indices", &[Dtype::I32, Dtype::I64], 3)?;
-    let (qs, ks, ss) = (q.shape(), k.shape(), attn.shape());
-    let shape = Shape {
-        batch: qs[0],
-        seq_q: qs[1],
-        seq_k: ks[1],
-        heads: qs[2],
-        head_dim: qs[3],
-        topk: ss[2],
-    };
-    let want = |name: &str, got: &[usize], exp: &[usize]| -> Res<()> {
-        if got == exp {
-            Ok(())
-        } else {
-            Err(format!(
-                "{inp}: tensor {name}: shape {got:?}, expected {exp:?} (from index_q {qs:?}, index_k {ks:?}, attn_score {ss:?})"
-            ))
-        }
-    };
-    want(
-        "weights",
-        w.shape(),
-        &[shape.batch, shape.seq_q, shape.heads],
-    )?;
-    want("index_k", ks, &[shape.batch, shape.seq_k, shape.head_dim])?;
-    for t in [
-        ("attn_score", &attn),
-        ("index_score", &score),
-        ("topk_indices", &ids),
-    ] {
-        want(t.0, t.1.shape(), &[shape.batch, shape.seq_q, shape.topk])?;
+    let case = read_case(input)?;
+    let shape = case.shape;
+    if !case.unread.is_empty() {
+        println!(
+            "note: {inp} also holds {} (not read)",
+            case.unread.join(", ")
+        );
     }
-    shape.validate().map_err(|e| format!("{inp}: {e}"))?;
-    let known = [
-        "index_q",
-        "weights",
-        "index_k",
-        "attn_score",
-        "index_score",
-        "topk_indices",
-        "grad_loss",
-    ];
-    let mut unread: Vec<&str> = st
-        .names()
-        .into_iter()
-        .filter(|n| !known.contains(n))
-        .collect();
-    if !unread.is_empty() {
-        unread.sort();
-        println!("note: {inp} also holds {} (not read)", unread.join(", "));
-    }
-
-    // i64 ids beyond i32 are out of range for any valid key: padding.
-    let ids_i32: Vec<i32> = match ids.dtype() {
-        Dtype::I32 => decode(ids.data(), "topk_indices", i32::from_le_bytes)?,
-        _ => decode(ids.data(), "topk_indices", |c: [u8; 8]| {
-            let v = i64::from_le_bytes(c);
-            i32::try_from(v).unwrap_or(if v < 0 { -1 } else { i32::MAX })
-        })?,
-    };
-
-    // grad_loss: the flag, else the file's (f32, one value), else 1.0;
-    // anything else in the file is an error, not a silent 1.0.
-    let (grad_loss, from) = match (cli.grad_loss, st.tensor("grad_loss")) {
-        (Some(v), _) => (v, "--grad-loss".to_string()),
-        (None, Ok(t)) => {
-            if t.dtype() != Dtype::F32 {
-                return Err(format!(
-                    "{inp}: tensor grad_loss: dtype {:?}, expected F32 (or pass --grad-loss)",
-                    t.dtype()
-                ));
-            }
-            if !(t.shape().is_empty() || t.shape() == [1]) {
-                return Err(format!(
-                    "{inp}: tensor grad_loss: shape {:?}, expected [1] or [] (or pass --grad-loss)",
-                    t.shape()
-                ));
-            }
-            let v = f32s(t.data(), "grad_loss")?[0];
-            if !v.is_finite() {
-                return Err(format!(
-                    "{inp}: tensor grad_loss: {v} is not finite (a host scalar here, rejected as SPEC says; pass --grad-loss)"
-                ));
-            }
-            (v, inp.clone())
-        }
-        (None, Err(_)) => (1.0, format!("default: {inp} has no grad_loss")),
-    };
+    let (grad_loss, from) = case.grad_loss(cli.grad_loss, &inp)?;
     let opts = Options {
         sm_scale: cli.sm_scale,
         key_ids: match cli.ids {
@@ -398,34 +168,20 @@ fn replay(cli: &Cli) -> Res<()> {
             BackendArg::Blackwell => Backend::Blackwell,
         },
     };
-    check_ids(&shape, &opts, &ids_i32, cli.trust_ids, &inp)?;
-
-    let qv = bf16s(q.data(), "index_q")?;
-    let wv = bf16s(w.data(), "weights")?;
-    let kv = bf16s(k.data(), "index_k")?;
-    let av = f32s(attn.data(), "attn_score")?;
-    let sv = f32s(score.data(), "index_score")?;
-    let bad = [
-        ("index_q", non_finite(qv.iter().map(|v| v.to_f32()))),
-        ("weights", non_finite(wv.iter().map(|v| v.to_f32()))),
-        ("index_k", non_finite(kv.iter().map(|v| v.to_f32()))),
-        ("attn_score", non_finite(av.iter().copied())),
-        ("index_score", non_finite(sv.iter().copied())),
-    ];
-    for (name, (nan, inf)) in bad {
-        if nan + inf > 0 {
-            eprintln!(
-                "warning: {inp}: {name} holds {nan} NaN and {inf} infinite values; they propagate into the outputs (README, \"Non-finite inputs\")"
-            );
-        }
+    println!(
+        "{}",
+        check_ids(&shape, &opts, &case.topk_indices, cli.trust_ids, &inp)?
+    );
+    for w in case.non_finite_warnings(&inp) {
+        eprintln!("{w}");
     }
     let x = HostInputs {
-        index_q: &qv,
-        weights: &wv,
-        index_k: &kv,
-        attn_score: &av,
-        index_score: &sv,
-        topk_indices: &ids_i32,
+        index_q: &case.index_q,
+        weights: &case.weights,
+        index_k: &case.index_k,
+        attn_score: &case.attn_score,
+        index_score: &case.index_score,
+        topk_indices: &case.topk_indices,
         grad_loss,
         loss_coeff: cli.loss_coeff,
     };
@@ -447,100 +203,24 @@ fn replay(cli: &Cli) -> Res<()> {
         check(&shape, &opts, &x, &r, &inp)?;
     }
 
-    let le = |v: &GradVec| -> (Dtype, Vec<u8>) {
-        match v {
-            GradVec::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-            GradVec::Bf16(v) => (
-                Dtype::BF16,
-                v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-            ),
-        }
-    };
-    let gs: Vec<u8> = r.grad_signal.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let dq: Vec<u8> = r
-        .d_index_q
-        .iter()
-        .flat_map(|x| x.to_bits().to_le_bytes())
-        .collect();
-    let (dwt, dw) = le(&r.d_weights);
-    let (dkt, dk) = le(&r.d_index_k);
-    let view = |dt, shape: &[usize], data| {
-        safetensors::tensor::TensorView::new(dt, shape.to_vec(), data)
-            .map_err(|e| format!("{}: {e}", cli.output.display()))
-    };
-    let views = vec![
-        ("grad_signal", view(Dtype::F32, ss, &gs)?),
-        ("d_index_q", view(Dtype::BF16, qs, &dq)?),
-        ("d_weights", view(dwt, w.shape(), &dw)?),
-        ("d_index_k", view(dkt, ks, &dk)?),
-    ];
     let meta = [
         ("input", inp.clone()),
         ("backend", r.backend.to_string()),
         ("options", format!("{opts:?}")),
         ("grad_loss", format!("{grad_loss}")),
         ("loss_coeff", format!("{}", cli.loss_coeff)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let bytes = safetensors::serialize(views, Some(meta))
-        .map_err(|e| format!("{}: {e}", cli.output.display()))?;
+    ];
+    let bytes = serialize_outputs(
+        &shape,
+        &r.grad_signal,
+        &r.d_index_q,
+        &r.d_weights,
+        &r.d_index_k,
+        &meta,
+        &cli.output.display().to_string(),
+    )?;
     out_file.commit(&bytes)?;
     println!("wrote {}", cli.output.display());
-    Ok(())
-}
-
-/// Refuses ids that look like the other convention: with B > 1, a batch
-/// `b >= 1` none of whose ids is a valid key of its own under `--ids`,
-/// while at least half of them would be under the other convention (a
-/// global-id dump replayed as local ids pads every slot of batches 1..B
-/// and gives all-zero gradients there; a local-id dump replayed as global
-/// ids reads batch 0's keys). Prints the id counts either way.
-fn check_ids(shape: &Shape, opts: &Options, ids: &[i32], trust: bool, inp: &str) -> Res<()> {
-    let per_batch = shape.seq_q * shape.topk;
-    let sk = shape.seq_k as i64;
-    let (mut valid, mut negative) = (0usize, 0usize);
-    for (b, chunk) in ids.chunks(per_batch.max(1)).enumerate() {
-        let own = |id: i64| (b as i64 * sk..(b as i64 + 1) * sk).contains(&id);
-        let local = |id: i64| (0..sk).contains(&id);
-        let mut ok = 0usize;
-        let mut other = 0usize;
-        for &id in chunk {
-            let id = id as i64;
-            negative += (id < 0) as usize;
-            let (this, that) = match opts.key_ids {
-                KeyIds::Global => (
-                    opts.resolve(shape, b, id as i32).is_some(),
-                    b > 0 && local(id),
-                ),
-                KeyIds::Local => (local(id), own(id)),
-            };
-            valid += this as usize;
-            ok += (this && (opts.key_ids == KeyIds::Local || own(id))) as usize;
-            other += that as usize;
-        }
-        if b > 0 && ok == 0 && 2 * other >= chunk.len() && !trust {
-            let (this, that) = match opts.key_ids {
-                KeyIds::Global => ("global", "local"),
-                KeyIds::Local => ("local", "global"),
-            };
-            return Err(format!(
-                "{inp}: topk_indices: batch {b} selects none of its own keys as {this} ids, but {other} of its {} ids are valid {that} ids; the file looks like it holds {that} ids: pass --ids {that} (or --trust-ids to replay them as {this} ids)",
-                chunk.len()
-            ));
-        }
-    }
-    println!(
-        "topk_indices: {} slots, {valid} valid {} ids, {} padding ({negative} negative, {} out of range)",
-        ids.len(),
-        match opts.key_ids {
-            KeyIds::Global => "global",
-            KeyIds::Local => "local",
-        },
-        ids.len() - valid,
-        ids.len() - valid - negative
-    );
     Ok(())
 }
 
