@@ -61,6 +61,17 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Test harnesses that never touch a GPU (generators, reports, file
+/// formats, source checks): CI runs them, and leaving them out keeps the
+/// bundle and the working tree under the 64 MiB a device call carries.
+const CPU_ONLY_HARNESSES: [&str; 5] = [
+    "cpu",
+    "generators",
+    "function_length",
+    "report",
+    "side_by_side_script",
+];
+
 /// Executables cargo reports for `args` (test harnesses when `tests`).
 fn artifacts(root: &Path, args: &[&str], tests: bool) -> Result<Vec<PathBuf>, String> {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
@@ -74,6 +85,10 @@ fn artifacts(root: &Path, args: &[&str], tests: bool) -> Result<Vec<PathBuf>, St
             continue;
         };
         if msg["reason"] != "compiler-artifact" || msg["profile"]["test"].as_bool() != Some(tests) {
+            continue;
+        }
+        let target = msg["target"]["name"].as_str().unwrap_or("");
+        if tests && CPU_ONLY_HARNESSES.contains(&target) {
             continue;
         }
         if let Some(exe) = msg["executable"].as_str() {
