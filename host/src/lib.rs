@@ -6,7 +6,7 @@
 //! (`index_score`, the predict) and the key ids (`topk_indices`), computes
 //! the gradients of the KL loss: `d_index_q`, `d_weights`, `d_index_k`, and
 //! writes the score gradient (grad_signal) over `attn_score`. The math and
-//! the contract are in `SPEC.md` of the project.
+//! the contract are in `docs/spec.md` of the repository.
 //!
 //! - [`Plan`]: built once for a [`Shape`] and [`Options`] on a CUDA context;
 //!   [`Plan::execute`] validates everything, then runs on the caller's

@@ -326,7 +326,7 @@ impl Case {
             .filter(|(_, (nan, inf))| nan + inf > 0)
             .map(|(name, (nan, inf))| {
                 format!(
-                    "warning: {inp}: {name} holds {nan} NaN and {inf} infinite values; they propagate into the outputs (README, \"Non-finite inputs\")"
+                    "warning: {inp}: {name} holds {nan} NaN and {inf} infinite values; they propagate into the outputs (docs/spec.md, \"Non-finite values\")"
                 )
             })
             .collect()

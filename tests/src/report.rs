@@ -1,10 +1,12 @@
-//! Benchmark report: measured ceilings, points, the README's markdown
-//! table and the SVG chart (plotters).
+//! Benchmark report: measured ceilings, points, the markdown table of
+//! `--markdown` and the SVG chart (plotters).
 
 use dsa_indexer_bwd::{GradDtype, Options, Shape, StageTimes};
 use std::fmt::Write as _;
 
-/// Reference points from DESIGN.md (cuDNN-frontend 1.32 on this H200, uniform / ragged).
+/// cuDNN-frontend 1.32 on the H200, uniform / old slot-aligned ragged ids, a
+/// separate run (docs/perf-notes.md, "Reference points"); same-run ratios
+/// come from scripts/side_by_side.py.
 pub const CUDNN: [(usize, f64, f64); 5] = [
     (128, 578.0, 555.0),
     (256, 781.0, 752.0),
@@ -162,7 +164,7 @@ fn ids_name(v: &serde_json::Value) -> &'static str {
     ID_KINDS.into_iter().find(|&k| v == k).unwrap_or("?")
 }
 
-/// The README table of `points` and the ceilings line. "dK GB/s" is
+/// The markdown table of `points` and the ceilings line. "dK GB/s" is
 /// valid slots x D x 4 bytes over the median time (the f32 dK traffic the
 /// reductions carry); "valid slots", "slots/key" and "pair-aligned" are
 /// [`IdStats`].
@@ -319,7 +321,7 @@ pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn st
         let cudnn: Vec<(f64, f64)> = CUDNN.iter().map(|&(t, u, _)| (t as f64, u)).collect();
         chart
             .draw_series(LineSeries::new(cudnn, BLACK.stroke_width(1)))?
-            .label("cuDNN-frontend 1.32, uniform (DESIGN.md)")
+            .label("cuDNN-frontend 1.32, uniform (separate run, docs/perf-notes.md)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
     }
     let bound: Vec<(f64, f64)> = points

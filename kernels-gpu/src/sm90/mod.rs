@@ -496,8 +496,8 @@ mod tests {
 
     #[test]
     fn round_robin_keeps_the_busiest_cta_near_the_mean_on_causal_rows() {
-        // SPEC's ragged workload at topk 2048: row r has ceil((r/2+1)/64)
-        // live chunks, capped at 32.
+        // The ragged workload at topk 2048 (valid slots first): row r has
+        // ceil((r/2+1)/64) live chunks, capped at 32.
         let (rows, ctas, topk) = (8192u32, 264u32, 2048u32);
         let len = |r: u32| row_chunks((r / 2 + 1).min(topk).div_ceil(CHUNK), topk);
         let tot: std::vec::Vec<u32> = (0..ctas)
@@ -594,7 +594,8 @@ mod tests {
     #[test]
     fn dispatch_test_on_host_ids_tells_ragged_rows_from_uniform_ones() {
         let (rows, topk) = (512u32, 100u32);
-        // SPEC's ragged ids: row r sees keys 0 ..= r / 2 in its first slots.
+        // Slot-aligned causal ids (key t in slot t, rows 2i and 2i + 1
+        // identical): row r sees keys 0 ..= r / 2 in its first slots.
         let ragged: std::vec::Vec<i32> = (0..rows * topk)
             .map(|i| {
                 let (r, t) = (i / topk, i % topk);

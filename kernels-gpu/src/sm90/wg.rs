@@ -32,8 +32,8 @@
 //! each slot that holds the same key row in both is reduced as the sum of
 //! both staged rows. After staging a half signals the other (named
 //! barrier STAGED), which waits before it reduces; each half reduces every
-//! other group of four of those slots. For SPEC's ragged ids (rows 2i and
-//! 2i + 1 identical) that halves the reductions, and fused items also
+//! other group of four of those slots. For ids whose rows 2i and 2i + 1
+//! are identical slot for slot that halves the reductions, and fused items also
 //! halve the staging. Both kernels start with the same test on sampled ids
 //! ([`pairs_up`]), and only the one it picks computes.
 //!

@@ -1,8 +1,8 @@
-//! `indexer-bench`: the SPEC workload timed with CUDA events (median, min,
+//! `indexer-bench`: the benchmark workloads of docs/spec.md timed with CUDA events (median, min,
 //! p90 of `--runs` after `--warmup`), split by stage, next to this GPU's
 //! ceilings measured by the crate's own kernels. Prints a table and JSON
 //! lines; `--plot FILE.svg` draws time vs topk; `--markdown FILE` writes
-//! the README table.
+//! the table as markdown.
 //!
 //! Points: the headline workload (B=1, S_q=8192, S_k=4096, H=64, D=128)
 //! at topk 128..2048 with "uniform", "ragged" and "topk" ids, then the
