@@ -7,7 +7,7 @@
 //! alignment from it (`xtask/src/link.rs`); the host names the kernels it
 //! loads through it; kernel modules assert at compile time that their own
 //! constants (threads, resident CTAs, specializations) agree with it; and
-//! tests check it against the committed PTX (`xtask/src/registry.rs`:
+//! tests check it against the committed PTX (`xtask/src/entries.rs`:
 //! every entry is an `.entry` of exactly the files it claims, and every
 //! `.entry` is an entry).
 //!

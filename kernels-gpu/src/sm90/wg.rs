@@ -69,7 +69,7 @@ const BAR_STAGED: u32 = 3;
 /// next item's S; the rest go after that item's dS, before its barrier B2,
 /// and drain while its dQ and dK products run (fewer reductions in one
 /// burst). The split was chosen by measurement against the other splits
-/// (docs/moved-kernel-comments.md).
+/// (docs/perf-notes.md, "Measurements behind code choices").
 const RED_FIRST: u32 = 4;
 const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
 // `reduce_rows` skips a fused call on the other half's group of four slots
