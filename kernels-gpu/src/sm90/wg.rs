@@ -330,7 +330,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
         let row = |v: u32| unsafe { smem::ld_u32(srows0.add(4 * (set * CHUNK + v / VECS))) as i32 };
         // All of this thread's key rows loaded before its first copy, so
         // their latency is paid once, not in front of every copy. Measured
-        // on the H200: see docs/perf-notes.md ("Loads ahead of their use").
+        // on the H200: see docs/perf-history.md ("loads ahead of their use").
         const PER_THREAD: usize = (CHUNK * VECS / THREADS) as usize;
         let mut r = [0i32; PER_THREAD];
         for (i, x) in r.iter_mut().enumerate() {
@@ -430,7 +430,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
     // (Nsight Compute, 78a2a89) ptxas unrolls them, loads the four key rows
     // first and then each staged row into the same four registers right
     // before its reduction; loading all four staged rows first (16 more
-    // live registers) measured no faster (docs/perf-notes.md, "What is left
+    // live registers) measured no faster (docs/perf-history.md, "what is left
     // at uniform topk 512").
     // `fused`: `Some(h)` when the item's dK of both rows was computed as
     // one product by half h (paired kernel, every slot the same key row in
