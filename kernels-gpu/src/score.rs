@@ -98,16 +98,6 @@ pub const fn ids_i64(p: &GradParams) -> bool {
     p.flags & FLAG_IDS_I64 != 0
 }
 
-/// Bytes per key id: 8 with [`FLAG_IDS_I64`], else 4.
-#[inline(always)]
-pub const fn id_bytes(p: &GradParams) -> usize {
-    if ids_i64(p) {
-        8
-    } else {
-        4
-    }
-}
-
 /// Key id of flat slot `i` of `topk_indices` as an i32: read as i32, or
 /// as i64 and narrowed ([`narrow_id`]) with [`FLAG_IDS_I64`]. The branch
 /// is on a launch-uniform flag.
@@ -273,9 +263,12 @@ mod tests {
             assert_eq!([load_id(&p, 0), load_id(&p, 1), load_id(&p, 2)], [3, -1, 7]);
             p.topk_indices = ids64.as_ptr() as u64;
             p.flags = FLAG_IDS_I64;
-            assert_eq!([load_id(&p, 0), load_id(&p, 1), load_id(&p, 2)], [3, -1, -1]);
+            assert_eq!(
+                [load_id(&p, 0), load_id(&p, 1), load_id(&p, 2)],
+                [3, -1, -1]
+            );
         }
-        assert_eq!(id_bytes(&p), 8);
+        assert!(ids_i64(&p));
     }
 
     #[test]

@@ -19,8 +19,8 @@ use super::gather::{gather4_coords, tma_row, Ids};
 use super::operands::gather4_dst;
 use super::proto::{self, LoadWork, Rows};
 use crate::abi::FLAG_LOCAL_IDS;
-use crate::score::load_id;
 use crate::ptx::{smem, tma};
+use crate::score::load_id;
 
 /// The load warp's state for `NCH` chunks per row and `H` heads.
 pub(super) struct Load<const NCH: u32, const H: u32> {
