@@ -23,8 +23,45 @@ use cudarc::driver::{
 use half::bf16;
 use std::sync::Arc;
 
-/// Read-only device inputs of [`crate::Plan::execute`].
-pub struct Inputs<'a> {
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for i32 {}
+    impl Sealed for i64 {}
+}
+
+/// Element type of `topk_indices`: `i32`, or `i64` as `torch.topk`
+/// returns them. The kernels read either width as it is (no conversion
+/// pass); an i64 id is valid under the same rule as an i32 one, so any
+/// value outside `0..=i32::MAX` (a negative one, or one such as
+/// `2^32 + 5`) is padding, never truncated into a valid row.
+pub trait TopkId:
+    cudarc::driver::DeviceRepr + Copy + Send + Sync + 'static + sealed::Sealed
+{
+    /// Whether the ids are i64 (the kernels' `FLAG_IDS_I64`).
+    const I64: bool;
+    /// The id as the kernels resolve it: an i32 as it is; an i64 in
+    /// `0..=i32::MAX` narrowed, any other i64 -1 (padding).
+    fn narrow(self) -> i32;
+}
+
+impl TopkId for i32 {
+    const I64: bool = false;
+    fn narrow(self) -> i32 {
+        self
+    }
+}
+
+impl TopkId for i64 {
+    const I64: bool = true;
+    fn narrow(self) -> i32 {
+        kernels_gpu::score::narrow_id(self)
+    }
+}
+
+/// Read-only device inputs of [`crate::Plan::execute`]. `I`, the element
+/// type of `topk_indices`, is `i32` or `i64` ([`TopkId`]); it is inferred
+/// from the view, so `topk_indices: ids.as_view()` works for either.
+pub struct Inputs<'a, I = i32> {
     /// bf16 `(B, S_q, H, D)`, 16-byte aligned.
     pub index_q: CudaView<'a, bf16>,
     /// bf16 `(B, S_q, H)`.
@@ -33,8 +70,9 @@ pub struct Inputs<'a> {
     pub index_k: CudaView<'a, bf16>,
     /// f32 `(B, S_q, topk)`: predict probabilities or log-probabilities.
     pub index_score: CudaView<'a, f32>,
-    /// i32 `(B, S_q, topk)`: key ids (invalid ids are padding).
-    pub topk_indices: CudaView<'a, i32>,
+    /// i32 or i64 `(B, S_q, topk)`: key ids (invalid ids are padding);
+    /// 8-byte aligned when i64.
+    pub topk_indices: CudaView<'a, I>,
     /// One f32: upstream gradient of the loss, read on the device when the
     /// kernels run (so a captured graph picks up new values).
     pub grad_loss: CudaView<'a, f32>,
@@ -115,6 +153,8 @@ impl Ptrs {
 /// launches) records this call's use.
 pub(crate) struct Checked<'a> {
     pub ptrs: Ptrs,
+    /// `topk_indices` holds i64 ids (the kernels' `FLAG_IDS_I64`).
+    pub ids_i64: bool,
     _guards: [Option<SyncOnDrop<'a>>; 11],
 }
 
@@ -129,10 +169,10 @@ pub(crate) struct Expected<'a> {
 /// Runs every check of `execute` on its arguments, in the order of the
 /// module docs, and returns their device addresses; an error leaves every
 /// buffer untouched.
-pub(crate) fn check<'a>(
+pub(crate) fn check<'a, I: TopkId>(
     want: &Expected<'_>,
     stream: &'a CudaStream,
-    inputs: &'a Inputs<'_>,
+    inputs: &'a Inputs<'_, I>,
     outputs: &'a mut Outputs<'_>,
     loss_coeff: f32,
 ) -> Result<Checked<'a>> {
@@ -178,6 +218,7 @@ pub(crate) fn check<'a>(
             d_index_k: p[9],
             workspace: p[10],
         },
+        ids_i64: I::I64,
         _guards: guards,
     })
 }
@@ -198,10 +239,10 @@ struct Arg {
 /// The eleven tensors of a call in the order of [`Ptrs`], each with what
 /// the plan expects of it (element count, alignment the kernels need) and
 /// the guard of its address (none for an absent workspace).
-fn collect<'a>(
+fn collect<'a, I: TopkId>(
     want: &Expected<'_>,
     stream: &'a CudaStream,
-    inputs: &'a Inputs<'_>,
+    inputs: &'a Inputs<'_, I>,
     outputs: &'a mut Outputs<'_>,
     ws_needed: usize,
 ) -> [(Arg, Option<SyncOnDrop<'a>>); 11] {
@@ -228,13 +269,7 @@ fn collect<'a>(
             s.slots(),
             4,
         )),
-        g(input(
-            "topk_indices",
-            &inputs.topk_indices,
-            stream,
-            s.slots(),
-            4,
-        )),
+        g(ids_input(&inputs.topk_indices, stream, s.slots())),
         g(input("grad_loss", &inputs.grad_loss, stream, 1, 4)),
         g(output("attn_score", attn_score, stream, s.slots(), 4)),
         g(output("d_index_q", d_index_q, stream, s.q_len(), 4)),
@@ -285,6 +320,35 @@ fn input<'a, T>(
         ctx: ctx_of(v.stream()),
     };
     (arg, guard)
+}
+
+/// `topk_indices` of element type `I`: `expected` ids, aligned to the
+/// element (4 bytes for i32, 8 for i64: the kernels read each id whole).
+fn ids_input<'a, I: TopkId>(
+    v: &'a CudaView<'_, I>,
+    stream: &'a CudaStream,
+    expected: usize,
+) -> (Arg, SyncOnDrop<'a>) {
+    let (ptr, guard) = v.device_ptr(stream);
+    (
+        ids_arg::<I>(ptr, v.len(), expected, ctx_of(v.stream())),
+        guard,
+    )
+}
+
+/// The [`Arg`] of `len` ids of type `I` at `ptr`.
+fn ids_arg<I: TopkId>(ptr: u64, len: usize, expected: usize, ctx: sys::CUcontext) -> Arg {
+    let elem = std::mem::size_of::<I>();
+    Arg {
+        name: "topk_indices",
+        ptr,
+        bytes: len * elem,
+        len,
+        expected,
+        align: elem as u64,
+        output: false,
+        ctx,
+    }
 }
 
 fn output<'a, T>(
@@ -428,6 +492,68 @@ mod tests {
     fn check(args: &[Arg], ws_needed: usize) -> Result<()> {
         let ws_len = args.last().map_or(0, |a| a.len);
         check_args(args, plan_ctx(), 3, ws_len, ws_needed)
+    }
+
+    /// `good()` with `topk_indices` of type `I` (100 ids at `ptr`) in
+    /// place of `in1`, as `collect` builds it.
+    fn with_ids<I: TopkId>(ptr: u64, len: usize) -> Vec<Arg> {
+        let mut args = good();
+        args[1] = ids_arg::<I>(ptr, len, 100, plan_ctx());
+        args
+    }
+
+    #[test]
+    fn i64_ids_need_eight_byte_alignment_and_their_own_length() {
+        assert_eq!((i32::I64, i64::I64), (false, true));
+        for ptr in [0x11000, 0x11008] {
+            assert!(check(&with_ids::<i64>(ptr, 100), 0).is_ok(), "{ptr:#x}");
+        }
+        // 4-byte aligned: enough for i32 ids, not for i64.
+        assert!(check(&with_ids::<i32>(0x11004, 100), 0).is_ok());
+        assert!(matches!(
+            check(&with_ids::<i64>(0x11004, 100), 0),
+            Err(Error::Alignment {
+                tensor: "topk_indices",
+                address: 0x11004,
+                align: 8
+            })
+        ));
+        // The length counts ids, whatever their width.
+        for len in [99, 101, 200] {
+            assert!(matches!(
+                check(&with_ids::<i64>(0x11000, len), 0),
+                Err(Error::Length {
+                    tensor: "topk_indices",
+                    expected: 100,
+                    actual
+                }) if actual == len
+            ));
+        }
+        // 100 i64 ids span 800 bytes: an output 400 bytes on overlaps them
+        // (it would not overlap 100 i32 ids).
+        let mut args = with_ids::<i64>(0x11000, 100);
+        args[2].ptr = 0x11000 + 400;
+        assert!(matches!(
+            check(&args, 0),
+            Err(Error::Overlap {
+                output: "out0",
+                other: "topk_indices"
+            })
+        ));
+        let mut args = with_ids::<i32>(0x11000, 100);
+        args[2].ptr = 0x11000 + 400;
+        assert!(check(&args, 0).is_ok());
+    }
+
+    #[test]
+    fn narrowing_treats_every_id_outside_the_i32_range_as_padding() {
+        assert_eq!(7i32.narrow(), 7);
+        assert_eq!((-5i32).narrow(), -5);
+        assert_eq!(7i64.narrow(), 7);
+        assert_eq!((i32::MAX as i64).narrow(), i32::MAX);
+        for v in [-1i64, -2, i64::MIN, 1 << 31, (1 << 32) + 5, i64::MAX] {
+            assert_eq!(v.narrow(), -1, "{v}");
+        }
     }
 
     #[test]

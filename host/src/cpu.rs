@@ -51,13 +51,18 @@
 //! holds a copy of `d_index_k`. Allocation failures are returned as
 //! [`Error::HostMemory`].
 
+use crate::args::TopkId;
 use crate::error::{Error, Result};
 use crate::shape::{check_finite, GradDtype, Options, ScoreKind, Shape};
 use half::bf16;
 
-/// Host-side inputs (all dense row-major, shapes as in SPEC).
+/// Host-side inputs (all dense row-major, shapes as in SPEC). `I`, the
+/// element type of `topk_indices`, is `i32` (what the CPU path computes
+/// with) or `i64` (accepted by [`crate::oneshot`], which hands i64 ids to
+/// the GPU as they are and narrows them for the CPU fallback,
+/// [`HostInputs::narrowed_ids`]).
 #[derive(Clone, Copy, Debug)]
-pub struct HostInputs<'a> {
+pub struct HostInputs<'a, I = i32> {
     /// `(B, S_q, H, D)`.
     pub index_q: &'a [bf16],
     /// `(B, S_q, H)`.
@@ -69,7 +74,7 @@ pub struct HostInputs<'a> {
     /// Predict probabilities or log-probabilities `(B, S_q, topk)`.
     pub index_score: &'a [f32],
     /// Key ids `(B, S_q, topk)`.
-    pub topk_indices: &'a [i32],
+    pub topk_indices: &'a [I],
     /// Upstream gradient of the loss (read on the host here, so a NaN or
     /// an infinity is rejected with [`Error::NonFinite`]).
     pub grad_loss: f32,
@@ -180,8 +185,38 @@ impl Real for F32Bf16Ds {
     }
 }
 
+impl<'a, I: TopkId> HostInputs<'a, I> {
+    /// The ids as the CPU path takes them: each narrowed by
+    /// [`TopkId::narrow`] (an i64 id outside `0..=i32::MAX` becomes -1,
+    /// padding either way).
+    pub fn narrowed_ids(&self) -> Result<Vec<i32>> {
+        let mut v = try_vec(self.topk_indices.len(), 0i32, "topk_indices")?;
+        for (d, s) in v.iter_mut().zip(self.topk_indices) {
+            *d = s.narrow();
+        }
+        Ok(v)
+    }
+
+    /// These inputs with `ids` as `topk_indices`.
+    pub fn with_ids<'b>(&self, ids: &'b [i32]) -> HostInputs<'b, i32>
+    where
+        'a: 'b,
+    {
+        HostInputs {
+            index_q: self.index_q,
+            weights: self.weights,
+            index_k: self.index_k,
+            attn_score: self.attn_score,
+            index_score: self.index_score,
+            topk_indices: ids,
+            grad_loss: self.grad_loss,
+            loss_coeff: self.loss_coeff,
+        }
+    }
+}
+
 /// Checks the lengths of host inputs against `shape`, and the scalars.
-pub fn validate_host(shape: &Shape, opts: &Options, x: &HostInputs) -> Result<()> {
+pub fn validate_host<I>(shape: &Shape, opts: &Options, x: &HostInputs<'_, I>) -> Result<()> {
     shape.validate()?;
     opts.validate()?;
     check_finite("loss_coeff", x.loss_coeff)?;

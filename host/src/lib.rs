@@ -37,7 +37,7 @@ mod select;
 mod shape;
 pub mod watchdog;
 
-pub use args::{GradOut, Inputs, Outputs};
+pub use args::{GradOut, Inputs, Outputs, TopkId};
 pub use cudarc;
 pub use error::{Error, Result};
 pub use events::{StageEvents, StageTimes};

@@ -2,7 +2,7 @@
 //! one is present, else on the CPU fallback. Allocates and synchronises;
 //! for training loops build a [`Plan`] once and call `execute`.
 
-use crate::args::{GradOut, Inputs, Outputs};
+use crate::args::{GradOut, Inputs, Outputs, TopkId};
 use crate::cpu::{self, HostGrad, HostInputs, HostOutputs};
 use crate::error::Result;
 use crate::plan::Plan;
@@ -60,17 +60,24 @@ pub struct HostResult {
 /// Runs the whole backward on host data: GPU 0 when present and
 /// `allow_gpu`, else the CPU fallback. Host scalars are checked on both
 /// paths (a non-finite `grad_loss` is rejected); non-finite tensor values
-/// propagate the same way on both (see [`crate::cpu`]).
-pub fn run(shape: &Shape, opts: &Options, x: &HostInputs, allow_gpu: bool) -> Result<HostResult> {
+/// propagate the same way on both (see [`crate::cpu`]). `topk_indices`
+/// may be i32 or i64: the GPU reads i64 ids as they are; the CPU fallback
+/// narrows them first ([`HostInputs::narrowed_ids`]).
+pub fn run<I: TopkId>(
+    shape: &Shape,
+    opts: &Options,
+    x: &HostInputs<'_, I>,
+    allow_gpu: bool,
+) -> Result<HostResult> {
     run_with_progress(shape, opts, x, allow_gpu, &mut |_| {})
 }
 
 /// [`run`], calling `progress` after each block of rows when it runs on
 /// the CPU (see [`cpu::stderr_progress`]).
-pub fn run_with_progress(
+pub fn run_with_progress<I: TopkId>(
     shape: &Shape,
     opts: &Options,
-    x: &HostInputs,
+    x: &HostInputs<'_, I>,
     allow_gpu: bool,
     progress: &mut dyn FnMut(cpu::Progress),
 ) -> Result<HostResult> {
@@ -79,6 +86,9 @@ pub fn run_with_progress(
         let ctx = CudaContext::new(0)?;
         return run_gpu(&ctx, &ctx.default_stream(), shape, opts, x);
     }
+    // The CPU path computes with i32 ids (a copy, small next to its work).
+    let ids = x.narrowed_ids()?;
+    let x = &x.with_ids(&ids);
     let mut grad_signal = cpu::try_vec(shape.slots(), 0.0f32, "grad_signal")?;
     grad_signal.copy_from_slice(x.attn_score);
     let mut r = HostResult {
@@ -98,12 +108,12 @@ pub fn run_with_progress(
     Ok(r)
 }
 
-fn run_gpu(
+fn run_gpu<I: TopkId>(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
     shape: &Shape,
     opts: &Options,
-    x: &HostInputs,
+    x: &HostInputs<'_, I>,
 ) -> Result<HostResult> {
     let plan = Plan::new(ctx, *shape, *opts)?;
     let q = stream.clone_htod(x.index_q)?;

@@ -1,13 +1,14 @@
 //! The plan (built once per shape and options) and its validated `execute`:
 //! the checks are in `args`, the launches of each path in `launch`.
 
-use crate::args::{self, Expected, Inputs, Outputs};
+use crate::args::{self, Expected, Inputs, Outputs, TopkId};
 use crate::error::Result;
 use crate::events::StageEvents;
 use crate::launch::{self, Cast, Path, Run};
 use crate::select::{select, PathKind};
 use crate::shape::{Backend, Options, Shape};
 use cudarc::driver::{CudaContext, CudaStream};
+use kernels_gpu::abi::FLAG_IDS_I64;
 use std::sync::Arc;
 
 /// A backward plan for one shape and set of options on one CUDA context:
@@ -107,10 +108,14 @@ impl Plan {
     /// read on the device) are not scanned for: they propagate into the
     /// outputs by the rules of [`crate::cpu`] ("Non-finite inputs"), the
     /// same on both paths.
-    pub fn execute(
+    ///
+    /// `topk_indices` may be i32 or i64 (`I`, inferred from the view): i64
+    /// ids, as `torch.topk` returns them, are read by the kernels as they
+    /// are, with no conversion pass.
+    pub fn execute<I: TopkId>(
         &self,
         stream: &CudaStream,
-        inputs: &Inputs<'_>,
+        inputs: &Inputs<'_, I>,
         outputs: &mut Outputs<'_>,
         loss_coeff: f32,
     ) -> Result<()> {
@@ -119,10 +124,10 @@ impl Plan {
 
     /// [`execute`](Plan::execute), recording `events` before, between and
     /// after its stages (for benchmarks; the events add no synchronisation).
-    pub fn execute_profiled(
+    pub fn execute_profiled<I: TopkId>(
         &self,
         stream: &CudaStream,
-        inputs: &Inputs<'_>,
+        inputs: &Inputs<'_, I>,
         outputs: &mut Outputs<'_>,
         loss_coeff: f32,
         events: &StageEvents,
@@ -131,10 +136,10 @@ impl Plan {
     }
 
     /// The checks, then the launches of the plan's path.
-    fn run(
+    fn run<I: TopkId>(
         &self,
         stream: &CudaStream,
-        inputs: &Inputs<'_>,
+        inputs: &Inputs<'_, I>,
         outputs: &mut Outputs<'_>,
         loss_coeff: f32,
         events: Option<&StageEvents>,
@@ -151,7 +156,10 @@ impl Plan {
         let ptrs = checked.ptrs;
         let ws_needed = self.workspace_bytes();
         let accum = ptrs.dk_accum(ws_needed);
-        let flags = launch::flags(opts, self.path.row_chunks(s));
+        let mut flags = launch::flags(opts, self.path.row_chunks(s));
+        if checked.ids_i64 {
+            flags |= FLAG_IDS_I64;
+        }
         let run = Run {
             stream,
             shape: s,

@@ -31,6 +31,12 @@ pub const FLAG_ROW_CHUNKS: u32 = 1 << 3;
 /// the paired kernel exits when it did not. Exactly one of them computes
 /// the gradients.
 pub const FLAG_PAIR_DISPATCH: u32 = 1 << 4;
+/// Flag bit: `topk_indices` holds i64 ids (`torch.topk`'s type) rather
+/// than i32, 8-byte aligned (host-checked). The kernels read each id as
+/// an i64 and narrow it with `score::narrow_id`: anything outside
+/// `0..=i32::MAX` becomes -1, so an id such as `2^32 + 5` stays padding
+/// and is never truncated into a valid row.
+pub const FLAG_IDS_I64: u32 = 1 << 5;
 /// Slots per chunk of the count [`FLAG_ROW_CHUNKS`] asks for (the wgmma
 /// kernel's chunk).
 pub const ROW_CHUNK_SLOTS: u32 = 64;
@@ -64,7 +70,8 @@ pub struct GradParams {
     pub attn_score: u64,
     /// `index_score`, f32 `(B, S_q, topk)`: read only.
     pub index_score: u64,
-    /// `topk_indices`, i32 `(B, S_q, topk)`.
+    /// `topk_indices`, i32 `(B, S_q, topk)`, or i64 with [`FLAG_IDS_I64`]
+    /// (then 8-byte aligned).
     pub topk_indices: u64,
     /// `grad_loss`, one f32 on the device, read at run time.
     pub grad_loss: u64,

@@ -15,7 +15,7 @@ use crate::abi::{GradParams, FLAG_DW_F32, FLAG_LOG_SCORE};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, ldmatrix, mma, sreg, sync};
 // Re-exported for other kernels that use them through `crate::grad`.
-pub(crate) use crate::score::{resolve, score_terms};
+pub(crate) use crate::score::{load_id, resolve, score_terms};
 use crate::tiles::{
     RowSmem, CHUNK, DK_PAD, GRAD_THREADS, GRAD_WARPS, MMA_K, MMA_M, MMA_N, ROW_PAD,
 };
@@ -107,7 +107,6 @@ unsafe fn rows<
     let row_slots = row as usize * topk;
     let attn = p.attn_score as *mut f32;
     let score = p.index_score as *const f32;
-    let ids = p.topk_indices as *const i32;
 
     // ---- load: q row (cp.async, waited for with chunk 0's K rows) and
     // weights into shared memory ----
@@ -190,7 +189,7 @@ unsafe fn rows<
                     );
                     let gs = gt - pr * big_g;
                     *attn.add(row_slots + t) = gs;
-                    (gs, resolve(*ids.add(row_slots + t), b, p))
+                    (gs, resolve(load_id(p, row_slots + t), b, p))
                 }
             } else {
                 (0.0, -1)

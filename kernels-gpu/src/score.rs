@@ -1,9 +1,9 @@
 //! Score-gradient math shared by the row kernel (`grad.rs`) and the
 //! sm_100f stage-1 kernel: the clip constant, an f32 `exp`, the per-slot
-//! terms of stage 1 and key-id resolution. Plain Rust, so the host unit
+//! terms of stage 1, key-id loading (i32 or i64) and resolution. Plain Rust, so the host unit
 //! tests below check it against `std` as well.
 
-use crate::abi::{GradParams, FLAG_LOCAL_IDS};
+use crate::abi::{GradParams, FLAG_IDS_I64, FLAG_LOCAL_IDS};
 
 /// `exp(-100)` rounded to f32: 27 * 2^-149, a subnormal. For every f32 `x`,
 /// `x >= CLIP` agrees with `x >= exp(-100)` computed exactly, because
@@ -69,6 +69,52 @@ pub fn score_terms(target: f32, score: f32, log: bool, c: f32) -> (f32, f32) {
         0.0
     };
     (g, predict)
+}
+
+/// Narrows a 64-bit key id ([`FLAG_IDS_I64`]) to the i32 that [`resolve`]
+/// takes: ids in `0..=i32::MAX` are kept, every other value becomes -1.
+/// No valid id is lost (valid ids are below `B*S_k <= i32::MAX`) and no
+/// invalid one becomes valid: `2^32 + 5` is -1, not 5, and every negative
+/// value stays negative. One unsigned compare and a select.
+#[inline(always)]
+pub const fn narrow_id(id: i64) -> i32 {
+    if id as u64 <= i32::MAX as u64 {
+        id as i32
+    } else {
+        -1
+    }
+}
+
+/// [`narrow_id`] of an i64 id held as its two little-endian words (as
+/// loaded from shared memory).
+#[inline(always)]
+pub const fn narrow_id_words(w: [u32; 2]) -> i32 {
+    narrow_id(((w[1] as u64) << 32 | w[0] as u64) as i64)
+}
+
+/// Whether `p.topk_indices` holds i64 ids ([`FLAG_IDS_I64`]).
+#[inline(always)]
+pub const fn ids_i64(p: &GradParams) -> bool {
+    p.flags & FLAG_IDS_I64 != 0
+}
+
+/// Key id of flat slot `i` of `topk_indices` as an i32: read as i32, or
+/// as i64 and narrowed ([`narrow_id`]) with [`FLAG_IDS_I64`]. The branch
+/// is on a launch-uniform flag.
+///
+/// # Safety
+/// `i < B*S_q*topk` and `p.topk_indices` a device pointer to that many
+/// ids of the flag's width, aligned to it (host-checked).
+#[inline(always)]
+pub unsafe fn load_id(p: &GradParams, i: usize) -> i32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if ids_i64(p) {
+            narrow_id(*(p.topk_indices as *const i64).add(i))
+        } else {
+            *(p.topk_indices as *const i32).add(i)
+        }
+    }
 }
 
 /// Resolves a slot's key id to a row of the flat `(B*S_k, D)` view of
@@ -166,6 +212,63 @@ mod tests {
         p.flags = FLAG_LOCAL_IDS;
         assert_eq!(resolve(4, 1, &p), 9);
         assert_eq!(resolve(5, 0, &p), -1);
+    }
+
+    #[test]
+    fn narrowing_keeps_exactly_the_i32_range() {
+        for (v, want) in [
+            (0i64, 0i32),
+            (5, 5),
+            (i32::MAX as i64, i32::MAX),
+            (-1, -1),
+            (-2, -1),
+            (i64::MIN, -1),
+            (i32::MIN as i64, -1),
+            (1 << 31, -1),
+            ((1 << 32) + 5, -1),
+            ((1 << 32) - 1, -1),
+            (i64::MAX, -1),
+            (-(1i64 << 32) + 5, -1),
+        ] {
+            assert_eq!(narrow_id(v), want, "{v}");
+            let b = v.to_le_bytes();
+            let words = [
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            ];
+            assert_eq!(narrow_id_words(words), want, "{v}");
+        }
+        // Narrowed, every id resolves exactly as the i64 value would.
+        let p = GradParams {
+            batch: 2,
+            seq_k: 5,
+            ..GradParams::default()
+        };
+        for v in [-7i64, -1, 0, 9, 10, (1 << 32) + 5, (1 << 32) + 9] {
+            let valid = (0..10).contains(&v);
+            assert_eq!(resolve(narrow_id(v), 1, &p) >= 0, valid, "{v}");
+        }
+    }
+
+    #[test]
+    fn load_id_reads_either_width() {
+        let ids32 = [3i32, -1, 7];
+        let ids64 = [3i64, (1 << 32) + 5, -9];
+        let mut p = GradParams {
+            topk_indices: ids32.as_ptr() as u64,
+            ..GradParams::default()
+        };
+        // SAFETY: host pointers to three ids of the flag's width.
+        unsafe {
+            assert_eq!([load_id(&p, 0), load_id(&p, 1), load_id(&p, 2)], [3, -1, 7]);
+            p.topk_indices = ids64.as_ptr() as u64;
+            p.flags = FLAG_IDS_I64;
+            assert_eq!(
+                [load_id(&p, 0), load_id(&p, 1), load_id(&p, 2)],
+                [3, -1, -1]
+            );
+        }
+        assert!(ids_i64(&p));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::abi::{
 };
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{global, griddep, sreg, sync};
-use crate::score::{resolve, score_terms};
+use crate::score::{load_id, resolve, score_terms};
 
 /// Slots per thread and pass.
 const UNROLL: usize = STAGE1_UNROLL as usize;
@@ -104,12 +104,11 @@ pub unsafe extern "ptx-kernel" fn indexer_score_grad_d128(p: GradParams) {
     };
     let row_chunks = p.flags & FLAG_ROW_CHUNKS != 0 && live_row;
     let b = row / p.seq_q.max(1);
-    let ids = p.topk_indices as *const i32;
     // The id of the row's slot `topk - 1 - rt` (the row's last `tpr`
     // slots), loaded before the scores so its latency overlaps theirs.
     let last_id = if row_chunks && rt < topk {
         // SAFETY: topk - 1 - rt < topk, inside this row's slots.
-        unsafe { *ids.add(base + topk - 1 - rt) }
+        unsafe { load_id(&p, base + topk - 1 - rt) }
     } else {
         -1
     };
@@ -179,7 +178,7 @@ pub unsafe extern "ptx-kernel" fn indexer_score_grad_d128(p: GradParams) {
                 for (u, x) in id.iter_mut().enumerate() {
                     let t = slot(pass, u).min(topk - 1);
                     // SAFETY: t < topk, inside this row's slots.
-                    *x = unsafe { *ids.add(base + t) };
+                    *x = unsafe { load_id(&p, base + t) };
                 }
                 for (u, &x) in id.iter().enumerate() {
                     let t = slot(pass, u);

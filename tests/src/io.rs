@@ -149,6 +149,9 @@ pub struct Case {
     pub topk_indices: Vec<i32>,
     /// Whether the file held i64 ids.
     pub ids_were_i64: bool,
+    /// The file's i64 ids as they are (when it held i64 ids), for the GPU,
+    /// which reads them without a conversion.
+    pub topk_indices_i64: Option<Vec<i64>>,
     /// The file's `grad_loss`: absent, a finite value, or why it is unusable.
     grad_loss: Option<Res<f32>>,
     /// The file's string metadata (`__metadata__`).
@@ -247,12 +250,16 @@ pub fn read_case(input: &Path) -> Res<Case> {
     unread.sort();
 
     let ids_were_i64 = ids.dtype() == Dtype::I64;
-    let topk_indices: Vec<i32> = match ids.dtype() {
-        Dtype::I32 => decode(ids.data(), "topk_indices", i32::from_le_bytes)?,
-        _ => decode(ids.data(), "topk_indices", |c: [u8; 8]| {
-            let v = i64::from_le_bytes(c);
-            i32::try_from(v).unwrap_or(if v < 0 { -1 } else { i32::MAX })
-        })?,
+    let topk_indices_i64: Option<Vec<i64>> = match ids.dtype() {
+        Dtype::I32 => None,
+        _ => Some(decode(ids.data(), "topk_indices", i64::from_le_bytes)?),
+    };
+    let topk_indices: Vec<i32> = match &topk_indices_i64 {
+        None => decode(ids.data(), "topk_indices", i32::from_le_bytes)?,
+        Some(v) => v
+            .iter()
+            .map(|&v| i32::try_from(v).unwrap_or(if v < 0 { -1 } else { i32::MAX }))
+            .collect(),
     };
     let grad_loss = st.tensor("grad_loss").ok().map(|t| {
         if t.dtype() != Dtype::F32 {
@@ -284,6 +291,7 @@ pub fn read_case(input: &Path) -> Res<Case> {
         index_score: f32s(score.data(), "index_score")?,
         topk_indices,
         ids_were_i64,
+        topk_indices_i64,
         grad_loss,
         metadata,
         unread,

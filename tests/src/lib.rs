@@ -5,10 +5,11 @@
 pub mod io;
 pub mod report;
 
+use cudarc::driver::CudaView;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use dsa_indexer_bwd::cpu::{Grads, HostInputs};
 use dsa_indexer_bwd::{
-    bf16, GradDtype, GradOut, Inputs, KeyIds, Options, Outputs, Plan, ScoreKind, Shape,
+    bf16, GradDtype, GradOut, Inputs, KeyIds, Options, Outputs, Plan, ScoreKind, Shape, TopkId,
 };
 use rand::Rng;
 use std::sync::Arc;
@@ -82,6 +83,9 @@ pub struct Problem {
     pub ids: Vec<i32>,
     /// Per slot: whether the id is a valid key (for re-padding).
     pub valid: Vec<bool>,
+    /// i64 ids the GPU runs get instead of `ids` (`None`: `ids`), from
+    /// [`Problem::widen_ids`]; the CPU references read `ids`.
+    pub ids64: Option<Vec<i64>>,
     pub grad_loss: f32,
     pub loss_coeff: f32,
 }
@@ -204,6 +208,7 @@ impl Problem {
             score,
             ids,
             valid,
+            ids64: None,
             grad_loss: rng.random_range(0.5f32..2.0)
                 * if rng.random_bool(0.2) { -1.0 } else { 1.0 },
             loss_coeff: rng.random_range(0.1f32..3.0),
@@ -213,8 +218,9 @@ impl Problem {
     }
 
     /// Rewrites every padding slot's id with the given convention (scores
-    /// on padded slots stay non-zero).
+    /// on padded slots stay non-zero); drops any i64 ids.
     pub fn repad(&mut self, rng: &mut impl Rng, padding: Padding) {
+        self.ids64 = None;
         let s = self.shape;
         let total = s.batch * s.seq_k;
         for i in 0..self.ids.len() {
@@ -243,6 +249,43 @@ impl Problem {
                 },
             };
         }
+    }
+
+    /// Gives the GPU runs i64 ids (`ids64`, the type `torch.topk`
+    /// returns): each valid id as it is, each padding slot one of -1,
+    /// another negative value (`i64::MIN`, one below `i32::MIN`, or minus
+    /// 2^32 plus a valid key: its low 32 bits are that key), or a positive
+    /// one past the end (an out-of-range id inside the i32 range, 2^31,
+    /// `i64::MAX`, or 2^32 plus a valid key, which a kernel truncating ids
+    /// to 32 bits would read as that key). `ids`, which the CPU references
+    /// read, keeps its padding: SPEC makes every such value padding, so the
+    /// results must not change. Call after every other edit of the ids
+    /// (`DeviceProblem::upload` checks that the valid ids agree).
+    pub fn widen_ids(&mut self, rng: &mut impl Rng) {
+        let s = self.shape;
+        let keys = match self.opts.key_ids {
+            KeyIds::Local => s.seq_k,
+            KeyIds::Global => s.batch * s.seq_k,
+        } as i64;
+        let ids64 = (0..self.ids.len())
+            .map(|i| {
+                if self.valid[i] {
+                    return self.ids[i] as i64;
+                }
+                let key = rng.random_range(0..keys);
+                match rng.random_range(0..8) {
+                    0 => -1,
+                    1 => i64::MIN,
+                    2 => key - (1 << 32),
+                    3 => rng.random_range(i64::MIN..i32::MIN as i64),
+                    4 => 1 << 31,
+                    5 => i64::MAX,
+                    6 => key + (1 << 32),
+                    _ => rng.random_range(keys..=i32::MAX as i64),
+                }
+            })
+            .collect();
+        self.ids64 = Some(ids64);
     }
 
     /// Makes rows select the same keys in pairs, slot for slot (the case
@@ -608,6 +651,8 @@ pub struct DeviceProblem {
     pub attn: CudaSlice<f32>,
     pub score: CudaSlice<f32>,
     pub ids: CudaSlice<i32>,
+    /// The problem's i64 ids, which `execute` then passes instead of `ids`.
+    pub ids64: Option<CudaSlice<i64>>,
     pub grad_loss: CudaSlice<f32>,
     pub dq: CudaSlice<bf16>,
     pub dw_f32: CudaSlice<f32>,
@@ -624,6 +669,16 @@ impl DeviceProblem {
         let s = p.shape;
         let nan_bf = vec![bf16::NAN; s.q_len().max(s.w_len()).max(s.k_len())];
         let nan_f = vec![f32::NAN; s.w_len().max(s.k_len())];
+        if let Some(ids64) = &p.ids64 {
+            assert_eq!(ids64.len(), p.ids.len(), "i64 ids");
+            for (i, &v) in ids64.iter().enumerate() {
+                assert!(
+                    !p.valid[i] || v == p.ids[i] as i64,
+                    "i64 id {i} is {v}, the i32 id {}: widen_ids before the last edit?",
+                    p.ids[i]
+                );
+            }
+        }
         DeviceProblem {
             q: stream.clone_htod(&p.q).unwrap(),
             w: stream.clone_htod(&p.w).unwrap(),
@@ -631,6 +686,7 @@ impl DeviceProblem {
             attn: stream.clone_htod(&p.target).unwrap(),
             score: stream.clone_htod(&p.score).unwrap(),
             ids: stream.clone_htod(&p.ids).unwrap(),
+            ids64: p.ids64.as_ref().map(|v| stream.clone_htod(v).unwrap()),
             grad_loss: stream.clone_htod(&[p.grad_loss]).unwrap(),
             dq: stream.clone_htod(&nan_bf[..s.q_len()]).unwrap(),
             dw_f32: stream.clone_htod(&nan_f[..s.w_len()]).unwrap(),
@@ -664,30 +720,80 @@ impl DeviceProblem {
         events: Option<&dsa_indexer_bwd::StageEvents>,
     ) -> dsa_indexer_bwd::Result<()> {
         let opts = *plan.options();
-        let inputs = Inputs {
-            index_q: self.q.as_view(),
-            weights: self.w.as_view(),
-            index_k: self.k.as_view(),
-            index_score: self.score.as_view(),
-            topk_indices: self.ids.as_view(),
-            grad_loss: self.grad_loss.as_view(),
-        };
-        let mut outputs = Outputs {
-            attn_score: self.attn.as_view_mut(),
-            d_index_q: self.dq.as_view_mut(),
+        let DeviceProblem {
+            q,
+            w,
+            k,
+            attn,
+            score,
+            ids,
+            ids64,
+            grad_loss,
+            dq,
+            dw_f32,
+            dw_bf16,
+            dk_f32,
+            dk_bf16,
+            ws,
+        } = self;
+        let outputs = Outputs {
+            attn_score: attn.as_view_mut(),
+            d_index_q: dq.as_view_mut(),
             d_weights: match opts.d_weights {
-                GradDtype::F32 => GradOut::F32(self.dw_f32.as_view_mut()),
-                GradDtype::Bf16 => GradOut::Bf16(self.dw_bf16.as_view_mut()),
+                GradDtype::F32 => GradOut::F32(dw_f32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(dw_bf16.as_view_mut()),
             },
             d_index_k: match opts.d_index_k {
-                GradDtype::F32 => GradOut::F32(self.dk_f32.as_view_mut()),
-                GradDtype::Bf16 => GradOut::Bf16(self.dk_bf16.as_view_mut()),
+                GradDtype::F32 => GradOut::F32(dk_f32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(dk_bf16.as_view_mut()),
             },
-            workspace: Some(self.ws.as_view_mut()),
+            workspace: Some(ws.as_view_mut()),
         };
-        match events {
-            Some(ev) => plan.execute_profiled(stream, &inputs, &mut outputs, loss_coeff, ev),
-            None => plan.execute(stream, &inputs, &mut outputs, loss_coeff),
+        fn inputs<'a, I>(
+            [q, w, k]: [&'a CudaSlice<bf16>; 3],
+            [score, grad_loss]: [&'a CudaSlice<f32>; 2],
+            ids: CudaView<'a, I>,
+        ) -> Inputs<'a, I> {
+            Inputs {
+                index_q: q.as_view(),
+                weights: w.as_view(),
+                index_k: k.as_view(),
+                index_score: score.as_view(),
+                topk_indices: ids,
+                grad_loss: grad_loss.as_view(),
+            }
+        }
+        let (bf, f) = ([&*q, &*w, &*k], [&*score, &*grad_loss]);
+        fn go<I: TopkId>(
+            plan: &Plan,
+            stream: &Arc<CudaStream>,
+            inputs: Inputs<'_, I>,
+            mut outputs: Outputs<'_>,
+            loss_coeff: f32,
+            events: Option<&dsa_indexer_bwd::StageEvents>,
+        ) -> dsa_indexer_bwd::Result<()> {
+            match events {
+                Some(ev) => plan.execute_profiled(stream, &inputs, &mut outputs, loss_coeff, ev),
+                None => plan.execute(stream, &inputs, &mut outputs, loss_coeff),
+            }
+        }
+        match ids64 {
+            Some(ids) => go(
+                plan,
+                stream,
+                inputs(bf, f, ids.as_view()),
+                outputs,
+                loss_coeff,
+                events,
+            ),
+            None => go(
+                plan,
+                stream,
+                inputs(bf, f, ids.as_view()),
+                outputs,
+                loss_coeff,
+                events,
+            ),
         }
     }
 

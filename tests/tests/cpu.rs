@@ -201,3 +201,49 @@ fn host_checks_name_the_tensor() {
             && dk.iter().all(|v| *v == 1.0)
     );
 }
+
+/// `oneshot::run` takes i64 ids (as the GPU path does): on the CPU
+/// fallback, valid ids as they are and padding written as any negative or
+/// beyond-i32 i64 (2^32 plus a valid key included, which truncation would
+/// turn valid) give exactly the i32 results, in both id conventions.
+#[test]
+fn oneshot_takes_i64_ids_with_the_same_padding_rule() {
+    for key_ids in [KeyIds::Global, KeyIds::Local] {
+        let shape = small_shape();
+        let opts = Options {
+            key_ids,
+            ..Options::default()
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut p = Problem::random(&mut rng, shape, opts, gen());
+        p.widen_ids(&mut rng);
+        let ids64 = p.ids64.clone().unwrap();
+        assert!(
+            ids64
+                .iter()
+                .zip(&p.valid)
+                .any(|(&v, &ok)| !ok && v >= 1 << 32),
+            "the draw holds padding beyond 2^32"
+        );
+        let x32 = p.host();
+        let want = dsa_indexer_bwd::oneshot::run(&shape, &opts, &x32, false).unwrap();
+        let x64 = cpu::HostInputs {
+            topk_indices: ids64.as_slice(),
+            index_q: x32.index_q,
+            weights: x32.weights,
+            index_k: x32.index_k,
+            attn_score: x32.attn_score,
+            index_score: x32.index_score,
+            grad_loss: x32.grad_loss,
+            loss_coeff: x32.loss_coeff,
+        };
+        let got = dsa_indexer_bwd::oneshot::run(&shape, &opts, &x64, false).unwrap();
+        assert_eq!(got, want, "{key_ids:?}");
+        // Truncating the same ids to 32 bits would have changed them.
+        let truncated: Vec<i32> = ids64.iter().map(|&v| v as i32).collect();
+        let mut bad = p.host();
+        bad.topk_indices = &truncated;
+        let trunc = dsa_indexer_bwd::oneshot::run(&shape, &opts, &bad, false).unwrap();
+        assert_ne!(trunc, want, "{key_ids:?}: the draw has no truncation trap");
+    }
+}

@@ -2,9 +2,10 @@
 //! determinism, realistic shapes within tolerance, and CUDA-graph replay
 //! with a new `grad_loss`.
 
-use cudarc::driver::{sys, CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaSlice, CudaStream, CudaView};
 use dsa_indexer_bwd::{
     bf16, Error, GradDtype, GradOut, Inputs, KeyIds, Options, Outputs, Plan, ScoreKind, Shape,
+    TopkId,
 };
 use indexer_tests::{
     check_against_reference, gpu, run_gpu, same_bits, DeviceProblem, Gen, Padding, Problem, Values,
@@ -274,7 +275,8 @@ fn rejected_calls_leave_every_buffer_untouched() {
 }
 
 /// Realistic shapes with continuous values, uniform and ragged ids, and
-/// bitwise-stable d_index_q / d_weights across runs.
+/// bitwise-stable d_index_q / d_weights across runs and between i32 and
+/// i64 ids.
 #[test]
 fn realistic_shapes_are_accurate_and_deterministic() {
     let Some(ctx) = gpu("realistic_shapes_are_accurate_and_deterministic") else {
@@ -316,6 +318,19 @@ fn realistic_shapes_are_accurate_and_deterministic() {
             "d_weights not bitwise stable"
         );
         assert!(same_bits(&a.grad_signal, &b.grad_signal));
+        // The same ids as i64 (padding as wide values): the same bits.
+        p.widen_ids(&mut rng);
+        let c = run_gpu(&ctx, &p);
+        println!("i64 ids: {:?}", check_against_reference(&p, &c));
+        assert!(
+            same_bits(&a.d_index_q, &c.d_index_q),
+            "d_index_q differs with i64 ids"
+        );
+        assert_eq!(
+            a.d_weights_bits, c.d_weights_bits,
+            "d_weights differs with i64 ids"
+        );
+        assert!(same_bits(&a.grad_signal, &c.grad_signal));
     }
 }
 
@@ -373,6 +388,39 @@ fn cuda_graph_replay_picks_up_new_grad_loss() {
     }
 }
 
+/// Runs `plan.execute` on `stream` with `d`'s buffers (typed by the plan's
+/// options) and `ids` (i32 or i64) as `topk_indices`.
+fn run_with_ids<'a, I: TopkId>(
+    plan: &Plan,
+    stream: &CudaStream,
+    d: &'a mut DeviceProblem,
+    ids: CudaView<'a, I>,
+) -> dsa_indexer_bwd::Result<()> {
+    let opts = *plan.options();
+    let inputs = Inputs {
+        index_q: d.q.as_view(),
+        weights: d.w.as_view(),
+        index_k: d.k.as_view(),
+        index_score: d.score.as_view(),
+        topk_indices: ids,
+        grad_loss: d.grad_loss.as_view(),
+    };
+    let mut outputs = Outputs {
+        attn_score: d.attn.as_view_mut(),
+        d_index_q: d.dq.as_view_mut(),
+        d_weights: match opts.d_weights {
+            GradDtype::F32 => GradOut::F32(d.dw_f32.as_view_mut()),
+            GradDtype::Bf16 => GradOut::Bf16(d.dw_bf16.as_view_mut()),
+        },
+        d_index_k: match opts.d_index_k {
+            GradDtype::F32 => GradOut::F32(d.dk_f32.as_view_mut()),
+            GradDtype::Bf16 => GradOut::Bf16(d.dk_bf16.as_view_mut()),
+        },
+        workspace: Some(d.ws.as_view_mut()),
+    };
+    plan.execute(stream, &inputs, &mut outputs, 1.0)
+}
+
 /// Runs `plan.execute` on `exec_stream` with `d`'s buffers (typed by the
 /// plan's options) after `edit` changes any argument.
 fn run_edited<'a>(
@@ -396,6 +444,7 @@ fn run_edited<'a>(
         dk_f32,
         dk_bf16,
         ws,
+        ..
     } = d;
     let mut inputs = Inputs {
         index_q: q.as_view(),
@@ -425,8 +474,8 @@ fn run_edited<'a>(
 /// The rejection kinds the first test leaves out, each a typed error that
 /// leaves every buffer (the problem's and the substitutes') bitwise
 /// unchanged: a stream and a buffer of another CUDA context, an output
-/// overlapping another output, misaligned `index_k`, f32 `d_index_k` and
-/// workspace, short outputs and a short workspace, and a `d_index_k` of
+/// overlapping another output, misaligned `index_k`, f32 `d_index_k`,
+/// workspace and i64 `topk_indices`, short i64 `topk_indices`, short outputs and a short workspace, and a `d_index_k` of
 /// the wrong element type.
 #[test]
 fn every_other_rejection_kind_leaves_every_buffer_untouched() {
@@ -546,6 +595,48 @@ fn every_other_rejection_kind_leaves_every_buffer_untouched() {
                     output: "d_weights",
                     other: "d_index_q"
                 }
+            )
+        },
+        &d,
+    );
+    // i64 ids 4 bytes off their 8-byte alignment (fine for i32 ids), and
+    // one i64 id short.
+    let ids_words = stream
+        .clone_htod(&vec![0x5a5a_5a5ai32; 2 * shape.slots() + 2])
+        .unwrap();
+    let ids_from_word_1 = ids_words.slice(1..);
+    // SAFETY: the view covers 2 * slots + 1 i32 words, more than `slots`
+    // i64 ids; plain data either way (the check rejects it before use).
+    let ids64_misaligned = unsafe { ids_from_word_1.transmute::<i64>(shape.slots()) }.unwrap();
+    let r = run_with_ids(&plan, &stream, &mut d, ids64_misaligned);
+    check(
+        "misaligned i64 topk_indices",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Alignment {
+                    tensor: "topk_indices",
+                    align: 8,
+                    ..
+                }
+            )
+        },
+        &d,
+    );
+    let ids64_short = stream.clone_htod(&vec![0i64; shape.slots() - 1]).unwrap();
+    let r = run_with_ids(&plan, &stream, &mut d, ids64_short.as_view());
+    check(
+        "short i64 topk_indices",
+        r,
+        &|e| {
+            matches!(
+                e,
+                Error::Length {
+                    tensor: "topk_indices",
+                    expected,
+                    actual,
+                } if *expected == shape.slots() && *actual == shape.slots() - 1
             )
         },
         &d,

@@ -1,7 +1,9 @@
 //! Property tests of the whole backward on the GPU against the CPU
 //! reference: random shapes across the envelope, both id conventions, B > 1,
 //! padding by -1 and by out-of-range ids (spread over the row or at its
-//! end), short rows, duplicates, sm_scale
+//! end), i64 ids as well as i32 (with padding as any negative i64 or any
+//! beyond the i32 range, 2^32 plus a valid key included), short rows,
+//! duplicates, sm_scale
 //! variants (zero and negative included), the log variant, bf16 and f32
 //! outputs, grid and continuous values, S_k up to 4096, targets below CLIP.
 
@@ -93,10 +95,11 @@ fn case_with(
     )
 }
 
-/// 256 random cases; each runs the GPU twice (padding by -1 and by
-/// out-of-range ids) and checks: SPEC tolerances and the 2x-of-f32 bound,
-/// index_score untouched, grad_signal in attn_score, and bitwise-identical
-/// d_index_q / d_weights between the two paddings.
+/// 256 random cases; each runs the GPU three times (i32 ids with padding
+/// by -1 and by out-of-range ids, then i64 ids, `Problem::widen_ids`) and
+/// checks: SPEC tolerances and the 2x-of-f32 bound, index_score
+/// untouched, grad_signal in attn_score, and bitwise-identical d_index_q /
+/// d_weights across the three runs.
 #[test]
 fn gpu_matches_reference_on_random_problems() {
     let cases = case(vec![16, 32, 64, 128], vec![64, 128], 1..=24, 1..=300);
@@ -312,6 +315,22 @@ fn run_cases_with<E: Clone + std::fmt::Debug>(
                     "d_weights differs between paddings"
                 );
                 prop_assert!(same_bits(&a.grad_signal, &b.grad_signal));
+                // i64 ids: valid ids as they are, padding as wide values
+                // (2^32 + a valid key included); same results, bit for bit.
+                p.widen_ids(&mut rng);
+                let c = run_gpu(&ctx, &p);
+                let ec = compare_with_reference(&p, &c, floors);
+                prop_assert!(ec.is_ok(), "i64 ids: {}", ec.unwrap_err());
+                prop_assert!(
+                    same_bits(&a.d_index_q, &c.d_index_q),
+                    "d_index_q differs between i32 and i64 ids"
+                );
+                prop_assert_eq!(
+                    &a.d_weights_bits,
+                    &c.d_weights_bits,
+                    "d_weights differs between i32 and i64 ids"
+                );
+                prop_assert!(same_bits(&a.grad_signal, &c.grad_signal));
                 n.set(n.get() + 1);
                 Ok::<(), TestCaseError>(())
             },

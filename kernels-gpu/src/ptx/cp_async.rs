@@ -1,4 +1,4 @@
-//! `cp.async` (sm_80+): asynchronous 16- and 4-byte global -> shared copies,
+//! `cp.async` (sm_80+): asynchronous 16-, 8- and 4-byte global -> shared copies,
 //! tracked per thread by cp.async groups.
 
 use super::smem::SmemAddr;
@@ -35,6 +35,23 @@ pub unsafe fn copy_4(dst: SmemAddr, src: *const u8, src_bytes: u32) {
     unsafe {
         asm!(
             "cp.async.ca.shared.global [{d}], [{s}], 4, {n};",
+            d = in(reg32) dst.0, s = in(reg64) src, n = in(reg32) src_bytes,
+            options(nostack),
+        )
+    }
+}
+
+/// `cp.async.ca.shared.global [dst], [src], 8, src_bytes`: copies
+/// `src_bytes` (8 or 0) bytes and zero-fills the rest of the 8.
+///
+/// # Safety
+/// As [`copy_16`], with 8-byte alignment.
+#[inline(always)]
+pub unsafe fn copy_8(dst: SmemAddr, src: *const u8, src_bytes: u32) {
+    // SAFETY: the caller guarantees the addresses.
+    unsafe {
+        asm!(
+            "cp.async.ca.shared.global [{d}], [{s}], 8, {n};",
             d = in(reg32) dst.0, s = in(reg64) src, n = in(reg32) src_bytes,
             options(nostack),
         )

@@ -124,6 +124,21 @@ pub unsafe fn ld_v4_f32(a: SmemAddr) -> [f32; 4] {
     [x, y, z, w]
 }
 
+/// `ld.shared.v2.b32`: 8 bytes as two words (lower address first).
+///
+/// # Safety
+/// `a` must be 8-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn ld_v2_u32(a: SmemAddr) -> [u32; 2] {
+    let (x, y): (u32, u32);
+    // SAFETY: the caller guarantees an aligned in-bounds address.
+    unsafe {
+        asm!("ld.shared.v2.b32 {{{x}, {y}}}, [{a}];", x = out(reg32) x, y = out(reg32) y,
+             a = in(reg32) a.0, options(pure, readonly, nostack))
+    }
+    [x, y]
+}
+
 /// `ld.shared.v2.f32`: 8 bytes.
 ///
 /// # Safety

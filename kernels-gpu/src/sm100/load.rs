@@ -3,7 +3,8 @@
 //! Its order of operations is `proto::load`. Per row: lane 0 loads the
 //! row's q (two TMA tile boxes of H x 64 bf16, 128-byte swizzle) into q
 //! buffer `r % 2` once the MMA role released it. Per chunk: once K stage
-//! `s` is free, lane `l` takes slots `4l .. 4l + 4`: reads their ids and
+//! `s` is free, lane `l` takes slots `4l .. 4l + 4`: reads their ids (i32, or i64
+//! narrowed by `score::load_id`) and
 //! grad_signal, writes the resolved key rows (-1 for padding) and
 //! grad_signal into the stage's metadata, arrives on `FULL[s]` (lane 0 also
 //! expects the stage's 32 KiB), and issues the two `tile::gather4` loads
@@ -19,6 +20,7 @@ use super::operands::gather4_dst;
 use super::proto::{self, LoadWork, Rows};
 use crate::abi::FLAG_LOCAL_IDS;
 use crate::ptx::{smem, tma};
+use crate::score::load_id;
 
 /// The load warp's state for `NCH` chunks per row and `H` heads.
 pub(super) struct Load<const NCH: u32, const H: u32> {
@@ -26,9 +28,8 @@ pub(super) struct Load<const NCH: u32, const H: u32> {
     conv: Ids,
     /// `B * S_k`: the coordinate `gather4_coords` gives padding.
     oob: i32,
-    /// Key ids and scores (grad_signal) of all rows.
-    ids: *const i32,
-    /// See [`Load::ids`].
+    /// Scores (grad_signal) of all rows (the key ids are read through
+    /// `score::load_id`, i32 or i64 by the flag).
     attn: *const f32,
     /// Batch of the current row.
     b: u32,
@@ -71,7 +72,7 @@ impl<const NCH: u32, const H: u32> LoadWork for Dev<'_, Load<NCH, H>> {
         // metadata is this role's (the skeleton waited for its release).
         unsafe {
             for (i, id) in id4.iter_mut().enumerate() {
-                *id = *s.ids.add(first + i);
+                *id = load_id(p, first + i);
             }
             let coords = gather4_coords(&id4, s.b, p.batch, p.seq_k, s.conv);
             let oob = s.oob;
@@ -121,7 +122,6 @@ pub(super) unsafe fn run<const NCH: u32, const H: u32>(c: &Ctx<'_>) {
     let role = Load::<NCH, H> {
         conv,
         oob: (p.batch * p.seq_k) as i32,
-        ids: p.topk_indices as *const i32,
         attn: p.attn_score as *const f32,
         b: 0,
         rows: [0; 4],

@@ -67,6 +67,9 @@ pub const DS_BYTES: u32 = HEADS * CHUNK * 2;
 /// Bytes per staged dK row.
 pub const DK_STRIDE: u32 = (DIM + DK_PAD) * 4;
 
+/// Bytes per slot of a raw-id set: room for an i64 id.
+pub const IDS_SLOT_BYTES: u32 = 8;
+
 /// Byte offsets of the kernel's shared-memory regions, relative to the
 /// 1024-byte aligned base.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +87,9 @@ pub struct WgSmem {
     pub gs: u32,
     /// Resolved key rows (-1 padding), two sets of `CHUNK` i32.
     pub rows: u32,
-    /// Raw key ids as loaded (`cp.async`), two sets of `CHUNK` i32.
+    /// Raw key ids as loaded (`cp.async`), two sets of `CHUNK` slots of
+    /// [`IDS_SLOT_BYTES`]: an i64 id each (`FLAG_IDS_I64`), or i32 ids
+    /// packed in the first half of each set.
     pub ids: u32,
     /// Key rows of the chunk whose staged dK rows are being reduced,
     /// `CHUNK` i32.
@@ -108,7 +113,7 @@ pub const SMEM: WgSmem = {
     let gs = dk + CHUNK * DK_STRIDE;
     let rows = gs + 2 * CHUNK * 4;
     let ids = rows + 2 * CHUNK * 4;
-    let red_rows = ids + 2 * CHUNK * 4;
+    let red_rows = ids + 2 * CHUNK * IDS_SLOT_BYTES;
     let w = red_rows + CHUNK * 4;
     let red = w + 2 * HEADS * 4;
     let used = red + THREADS / 32 * HEADS * 4;

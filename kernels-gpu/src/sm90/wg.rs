@@ -9,7 +9,8 @@
 //! `red.global.add.v4.f32` (one 512-byte row per warp instruction; measured
 //! faster than `cp.reduce.async.bulk` and than reductions straight from the
 //! MMA fragments). Slot data (key ids, grad_signal) also arrives by
-//! `cp.async`, never through registers.
+//! `cp.async`, never through registers (i64 ids as 8-byte copies, narrowed
+//! when resolved).
 //!
 //! From topk [`super::SKIP_MIN_TOPK`] on, stage 1 counts each row's chunks
 //! up to its last valid slot and this kernel skips the rest (exactly zero
@@ -51,7 +52,7 @@ use super::{
 use crate::abi::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, global, griddep, sreg, sync, wgmma};
-use crate::score::resolve;
+use crate::score::{ids_i64, load_id, narrow_id_words, resolve};
 
 const WARPS: u32 = THREADS / 32;
 /// Staged dK rows each warp reduces per chunk (a power of two: the XOR in
@@ -156,7 +157,10 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
     };
     let topk = p.topk;
     let sm_scale = p.sm_scale;
-    let ids = p.topk_indices as *const i32;
+    // i64 ids (FLAG_IDS_I64): copied whole (8 bytes) into the raw-id sets
+    // and narrowed when resolved, once per slot and item; a branch on a
+    // launch-uniform flag, outside the MMA and reduction loops.
+    let wide = ids_i64(p);
     let dk = p.dk_accum as *mut f32;
     let dcol0 = wg * 64; // this warpgroup's D columns for dQ and dK
 
@@ -241,13 +245,20 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
     // Key id of item `at`'s slot, loaded into a register (prologue only).
     let load_id = |at: Pos| -> Option<i32> {
         // SAFETY: the flat slot index is inside topk_indices (host-checked).
-        slot_of(at).map(|t| unsafe { *ids.add(t) })
+        slot_of(at).map(|t| unsafe { load_id(p, t) })
     };
-    // Key id of item `at`'s slot from raw-id set `set`, where `fetch` put it.
+    // Key id of item `at`'s slot from raw-id set `set`, where `fetch` put it
+    // (i64 ids: narrowed here).
     let raw_id = |at: Pos, set: u32| -> Option<i32> {
         // SAFETY: this thread's own cp.async into its own slot, complete
-        // after its wait_all (pipeline note).
-        slot_of(at).map(|_| unsafe { smem::ld_u32(sids0.add(4 * (set * CHUNK + tid))) as i32 })
+        // after its wait_all (pipeline note); 8-byte slots for i64 ids.
+        slot_of(at).map(|_| unsafe {
+            if wide {
+                narrow_id_words(smem::ld_v2_u32(sids0.add(8 * (set * CHUNK + tid))))
+            } else {
+                smem::ld_u32(sids0.add(4 * (set * CHUNK + tid))) as i32
+            }
+        })
     };
     // Slot data by cp.async (threads < CHUNK, one group with whatever else
     // this thread issued): the key id of item `at_id` into raw-id set
@@ -258,19 +269,24 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
     // that wait stalled warps 0-1 at the next barrier.
     let fetch = |at_id: Pos, id_set: u32, at_gs: Pos, gs_set: u32| {
         if tid < CHUNK {
-            let src = |base: u64, at: Pos| match slot_of(at) {
-                Some(t) => ((base as *const u8).wrapping_add(4 * t), 4),
+            let src = |base: u64, at: Pos, size: u32| match slot_of(at) {
+                Some(t) => ((base as *const u8).wrapping_add(size as usize * t), size),
                 None => (base as *const u8, 0),
             };
-            let (si, ni) = src(p.topk_indices, at_id);
-            let (sg, ng) = src(p.attn_score, at_gs);
-            // SAFETY: 4-byte aligned slots inside topk_indices and
-            // attn_score (host-checked lengths; grad_signal read after
-            // griddepcontrol.wait), or 0 bytes from a valid base; the
-            // destination slots' previous readers passed a barrier since
-            // (pipeline note).
+            let (sg, ng) = src(p.attn_score, at_gs, 4);
+            // SAFETY: 4-byte (i64 ids: 8-byte) aligned slots inside
+            // topk_indices and attn_score (host-checked lengths and
+            // alignment; grad_signal read after griddepcontrol.wait), or 0
+            // bytes from a valid base; the destination slots' previous
+            // readers passed a barrier since (pipeline note).
             unsafe {
-                cp_async::copy_4(sids0.add(4 * (id_set * CHUNK + tid)), si, ni);
+                if wide {
+                    let (si, ni) = src(p.topk_indices, at_id, 8);
+                    cp_async::copy_8(sids0.add(8 * (id_set * CHUNK + tid)), si, ni);
+                } else {
+                    let (si, ni) = src(p.topk_indices, at_id, 4);
+                    cp_async::copy_4(sids0.add(4 * (id_set * CHUNK + tid)), si, ni);
+                }
                 cp_async::copy_4(sgs0.add(4 * (gs_set * CHUNK + tid)), sg, ng);
             }
         }
@@ -899,11 +915,11 @@ unsafe fn pairs_up(p: &GradParams) -> bool {
         0
     };
     let b = if sampled { a + topk as usize } else { 0 };
-    let ids = p.topk_indices as *const i32;
     // SAFETY: sampled: rows 2q and 2q + 1 < B*S_q (q < pairs), t < topk;
     // otherwise index 0: inside topk_indices (host-checked length, at
-    // least one slot); inputs only.
-    let (x, y) = unsafe { (*ids.add(a), *ids.add(b)) };
+    // least one slot); inputs only. i64 ids are narrowed (`load_id`), as
+    // `super::ids_pair_up` expects them.
+    let (x, y) = unsafe { (load_id(p, a), load_id(p, b)) };
     let hit = sampled & sample_hit(x, y);
     // SAFETY: every thread of the CTA reaches it (caller's contract).
     pairs_match(unsafe { sync::bar_red_popc(hit) }, topk)

@@ -728,6 +728,8 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
         score: case.index_score,
         ids: case.topk_indices,
         valid,
+        // i64 ids as the file holds them: the GPU reads them as they are.
+        ids64: case.topk_indices_i64,
         grad_loss,
         loss_coeff,
     };

@@ -190,13 +190,33 @@ fn replay(cli: &Cli) -> Res<()> {
         "grad_loss {grad_loss} ({from}), loss_coeff {}",
         cli.loss_coeff
     );
-    let r = oneshot::run_with_progress(
-        &shape,
-        &opts,
-        &x,
-        !cli.cpu,
-        &mut cpu::stderr_progress("cpu"),
-    )
+    // i64 ids go to the GPU as the file holds them (no conversion pass);
+    // the CPU fallback narrows them the same way `x`'s ids were.
+    let r = match &case.topk_indices_i64 {
+        Some(ids) => oneshot::run_with_progress(
+            &shape,
+            &opts,
+            &HostInputs {
+                topk_indices: ids.as_slice(),
+                index_q: x.index_q,
+                weights: x.weights,
+                index_k: x.index_k,
+                attn_score: x.attn_score,
+                index_score: x.index_score,
+                grad_loss: x.grad_loss,
+                loss_coeff: x.loss_coeff,
+            },
+            !cli.cpu,
+            &mut cpu::stderr_progress("cpu"),
+        ),
+        None => oneshot::run_with_progress(
+            &shape,
+            &opts,
+            &x,
+            !cli.cpu,
+            &mut cpu::stderr_progress("cpu"),
+        ),
+    }
     .map_err(|e| format!("{inp}: {e}"))?;
     println!("ran on the {}", r.backend);
     if cli.check {
