@@ -26,6 +26,9 @@ struct Case {
     gen: Gen,
     /// Rows 2i + 1 copy rows 2i (the paired kernel's test accepts).
     paired: bool,
+    /// i64 ids (`Problem::widen_ids`: padding as i64 values outside the
+    /// i32 range too), which the kernels read 8 bytes at a time.
+    wide: bool,
 }
 
 fn opts(key_ids: KeyIds, score: ScoreKind, dk: GradDtype, dw: GradDtype) -> Options {
@@ -58,11 +61,12 @@ fn cases() -> Vec<Case> {
         Case {
             // Odd rows: stage 1, then the wgmma row kernel alone; topk over
             // SKIP_MIN_TOPK with trailing padding, so rows skip chunks.
-            name: "stage1 + wgmma row kernel (chunk skip)",
+            name: "stage1 + wgmma row kernel (chunk skip), i64 ids",
             shape: shape(1, 33, 640, 64, 128, 576),
             opts: opts(Global, Probs, F32, GradDtype::Bf16),
             gen: gen(Padding::NegOne, true),
             paired: false,
+            wide: true,
         },
         Case {
             name: "stage1 + wgmma paired kernel computing (row kernel exits)",
@@ -70,6 +74,7 @@ fn cases() -> Vec<Case> {
             opts: opts(Local, LogProbs, F32, F32),
             gen: gen(Padding::OutOfRange, false),
             paired: true,
+            wide: false,
         },
         Case {
             name: "stage1 + wgmma paired kernel exiting (row kernel computes) + cast",
@@ -77,13 +82,15 @@ fn cases() -> Vec<Case> {
             opts: opts(Global, Probs, Bf16, GradDtype::Bf16),
             gen: gen(Padding::NegOne, false),
             paired: false,
+            wide: false,
         },
         Case {
-            name: "mma.sync row kernel H=32 D=128 + cast",
+            name: "mma.sync row kernel H=32 D=128 + cast, i64 ids",
             shape: shape(1, 20, 160, 32, 128, 100),
             opts: opts(Global, Probs, Bf16, GradDtype::Bf16),
             gen: gen(Padding::OutOfRange, false),
             paired: false,
+            wide: true,
         },
         Case {
             name: "mma.sync row kernel H=16 D=64",
@@ -91,6 +98,7 @@ fn cases() -> Vec<Case> {
             opts: opts(Local, LogProbs, F32, F32),
             gen: gen(Padding::NegOne, false),
             paired: false,
+            wide: false,
         },
         Case {
             name: "mma.sync row kernel H=128 D=64",
@@ -98,6 +106,7 @@ fn cases() -> Vec<Case> {
             opts: opts(Global, Probs, F32, GradDtype::Bf16),
             gen: gen(Padding::NegOne, false),
             paired: false,
+            wide: false,
         },
         Case {
             name: "mma.sync row kernel H=64 D=128 (topk <= 64)",
@@ -105,6 +114,7 @@ fn cases() -> Vec<Case> {
             opts: opts(Global, Probs, F32, GradDtype::Bf16),
             gen: gen(Padding::NegOne, false),
             paired: false,
+            wide: false,
         },
     ]
 }
@@ -127,6 +137,9 @@ fn main() {
             let mut p = Problem::random(&mut rng, c.shape, c.opts, c.gen);
             if c.paired {
                 p.pair_rows(&mut rng, 1.0, 2);
+            }
+            if c.wide {
+                p.widen_ids(&mut rng);
             }
             let (rows, topk) = (c.shape.rows() as u32, c.shape.topk as u32);
             assert_eq!(
