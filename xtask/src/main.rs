@@ -11,6 +11,8 @@
 //!   `run.sh` in one folder to copy to the GPU machine.
 //! - `wheel [--out DIR]`: the Python package's release wheel (maturin,
 //!   installed into `target/python-venv`), default `target/wheels/`.
+//! - `python-test`: the Python step of `test` alone (wheel, install,
+//!   torch-free tests).
 
 mod bundle;
 mod converge;
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         "bench" => bench(rest),
         "gpu-bundle" => bundle::gpu_bundle(rest),
         "wheel" => python::wheel(rest),
+        "python-test" => python::test(&util::repo_root()),
         "-h" | "--help" | "help" => {
             println!("{}", USAGE);
             Ok(())
@@ -54,7 +57,7 @@ fn main() -> ExitCode {
     report(result)
 }
 
-const USAGE: &str = "usage: cargo xtask <build-ptx [--check] | test [--require-gpu] | bench [ARGS] | gpu-bundle [--out DIR] | wheel [--out DIR]>";
+const USAGE: &str = "usage: cargo xtask <build-ptx [--check] | test [--require-gpu] | bench [ARGS] | gpu-bundle [--out DIR] | wheel [--out DIR] | python-test>";
 
 fn report(r: Result<(), String>) -> ExitCode {
     match r {
