@@ -11,7 +11,7 @@
 //! `RuntimeError` (device and driver), with the crate's message.
 
 use dsa_indexer_bwd::cpu::{self, HostGrad, HostInputs, HostOutputs};
-use dsa_indexer_bwd::cudarc::driver::CudaContext;
+use dsa_indexer_bwd::cudarc::driver::{result, CudaContext};
 use dsa_indexer_bwd::{
     bf16, Backend, Error, GradDtype, KeyIds, Options, Plan, RawBuffers, ScoreKind, Shape,
 };
@@ -159,9 +159,19 @@ impl PyPlan {
                 "CUDA device {device} not found ({count} CUDA devices)"
             )));
         }
-        // Loading the module may JIT-compile PTX: without the GIL.
+        // Loading the module may JIT-compile PTX: without the GIL. Creating
+        // the context and loading bind it to this thread; the thread's
+        // previous context (PyTorch's current device) is restored after.
         let plan = py
-            .detach(|| context(device).and_then(|ctx| Plan::new(&ctx, shape, opts)))
+            .detach(|| {
+                let prev = result::ctx::get_current()?;
+                let plan = context(device).and_then(|ctx| Plan::new(&ctx, shape, opts));
+                if let Some(prev) = prev {
+                    // SAFETY: `prev` was current on this thread just before.
+                    unsafe { result::ctx::set_current(prev) }?;
+                }
+                plan
+            })
             .map_err(py_err)?;
         Ok(PyPlan { plan, device })
     }

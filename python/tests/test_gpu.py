@@ -115,7 +115,7 @@ class Case:
             *x, sm_scale=self.sm_scale, loss_coeff=self.loss_coeff, key_ids=self.key_ids,
             score=self.score, d_index_k_dtype=self.dk, d_weights_dtype=self.dw, **kw)
         if device != "cpu":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         want = reference(*x, self.sm_scale, self.loss_coeff, self.key_ids, self.score)
         test.assertTrue(torch.equal(x[3], attn_before), f"{self}: attn_score changed")
         test.assertEqual(out.d_index_k.dtype, self.dk)
@@ -242,8 +242,13 @@ class Gpu(unittest.TestCase):
 
     @unittest.skipUnless(torch.cuda.device_count() > 1, "one CUDA device")
     def test_a_second_device(self):
+        torch.cuda.set_device(0)
+        dsa_indexer_bwd.clear_plan_cache()  # the plan is built in this call
         Case(SHAPES[1], "global", torch.int64, torch.float32, torch.bfloat16,
              "probs").check(self, "cuda:1")
+        # The driver context bound for the call is not left behind.
+        self.assertEqual(torch.cuda.current_device(), 0)
+        self.assertEqual(torch.zeros(1, device="cuda").device.index, 0)
 
     def test_gpu_and_cpu_paths_agree(self):
         dims = (1, 8, 40, 16, 64, 24)
