@@ -9,8 +9,9 @@
 //! - `bench [args]`: runs the benchmark binary (on a machine with a GPU).
 //! - `gpu-bundle [--out DIR]`: release test and bench binaries, the PTX and
 //!   `run.sh` in one folder to copy to the GPU machine.
-//! - `wheel [--out DIR]`: the Python package's release wheel (maturin,
-//!   installed into `target/python-venv`), default `target/wheels/`.
+//! - `wheel [--zig] [--out DIR]`: the Python package's release wheel
+//!   (maturin, installed into `target/python-venv`), default
+//!   `target/wheels/`; `--zig` links it for glibc 2.28 (`manylinux_2_28`).
 //! - `python-test`: the Python step of `test` alone (wheel, install,
 //!   torch-free tests).
 
@@ -57,7 +58,7 @@ fn main() -> ExitCode {
     report(result)
 }
 
-const USAGE: &str = "usage: cargo xtask <build-ptx [--check] | test [--require-gpu] | bench [ARGS] | gpu-bundle [--out DIR] | wheel [--out DIR] | python-test>";
+const USAGE: &str = "usage: cargo xtask <build-ptx [--check] | test [--require-gpu] | bench [ARGS] | gpu-bundle [--out DIR] | wheel [--zig] [--out DIR] | python-test>";
 
 fn report(r: Result<(), String>) -> ExitCode {
     match r {

@@ -11,6 +11,10 @@ use std::process::Command;
 /// maturin, pinned like `ptxas`; installed from PyPI into [`venv`].
 pub const MATURIN_PACKAGE: &str = "maturin==1.16.0";
 
+/// zig (as a PyPI package) for `wheel --zig`: links against glibc 2.28
+/// symbols, so the wheel is `manylinux_2_28` whatever glibc builds it.
+pub const ZIG_PACKAGE: &str = "ziglang==0.17.1";
+
 /// The virtual environment holding maturin and the installed wheel
 /// (under `target/`, so `cargo clean` removes it).
 fn venv(root: &Path) -> PathBuf {
@@ -39,20 +43,48 @@ fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
     Ok(python)
 }
 
-/// Builds the release wheel into `out` and returns its path.
-fn build_wheel(root: &Path, out: &Path) -> Result<PathBuf, String> {
+/// Builds the release wheel into `out` and returns its path: tagged for
+/// the glibc of this machine (maturin's audit), or with `zig` linked for
+/// glibc 2.28 and tagged `manylinux_2_28`.
+fn build_wheel(root: &Path, out: &Path, zig: bool) -> Result<PathBuf, String> {
     let python = ensure_venv(root)?;
+    let bin = venv(root).join("bin");
+    let has_zig = || {
+        Command::new(&python)
+            .args(["-c", "import ziglang"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if zig && !has_zig() {
+        util::run(Command::new(&python).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            ZIG_PACKAGE,
+        ]))?;
+    }
     let _ = std::fs::remove_dir_all(out);
     util::step(&format!("maturin build --release -> {}", out.display()));
-    util::run(
-        Command::new(venv(root).join("bin/maturin"))
-            .current_dir(root)
-            .args(["build", "--release", "--manifest-path", "python/Cargo.toml"])
-            .arg("--interpreter")
-            .arg(&python)
-            .arg("--out")
-            .arg(out),
-    )?;
+    let mut cmd = Command::new(bin.join("maturin"));
+    cmd.current_dir(root)
+        .args(["build", "--release", "--manifest-path", "python/Cargo.toml"])
+        .arg("--interpreter")
+        .arg(&python)
+        .arg("--out")
+        .arg(out);
+    if zig {
+        // maturin runs `python -m ziglang` with the first python on PATH.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![bin.clone()];
+        dirs.extend(std::env::split_paths(&path));
+        let joined = std::env::join_paths(dirs).map_err(|e| e.to_string())?;
+        cmd.env("PATH", joined)
+            .args(["--zig", "--compatibility", "manylinux_2_28"]);
+    }
+    util::run(&mut cmd)?;
     let wheels: Vec<PathBuf> = std::fs::read_dir(out)
         .map_err(|e| format!("{}: {e}", out.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -68,22 +100,22 @@ fn build_wheel(root: &Path, out: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// `cargo xtask wheel [--out DIR]`: the release wheel (default
-/// `target/wheels/`).
+/// `cargo xtask wheel [--zig] [--out DIR]`: the release wheel (default
+/// `target/wheels/`); `--zig` for a `manylinux_2_28` one.
 pub fn wheel(args: &[String]) -> Result<(), String> {
     let root = util::repo_root();
     let out = match args.iter().position(|a| a == "--out") {
         Some(i) => PathBuf::from(args.get(i + 1).ok_or("--out needs a directory")?),
         None => root.join("target/wheels"),
     };
-    let whl = build_wheel(&root, &out)?;
+    let whl = build_wheel(&root, &out, args.iter().any(|a| a == "--zig"))?;
     util::step(&format!("wheel: {}", whl.display()));
     Ok(())
 }
 
 /// The `test` step: build the wheel, install it, run `python/tests`.
 pub fn test(root: &Path) -> Result<(), String> {
-    let whl = build_wheel(root, &root.join("target/wheels"))?;
+    let whl = build_wheel(root, &root.join("target/wheels"), false)?;
     let python = ensure_venv(root)?;
     util::run(
         Command::new(&python)
