@@ -225,15 +225,15 @@ pub(crate) fn check<'a, I: TopkId>(
 
 /// One tensor argument as the checks see it.
 #[derive(Clone, Copy, Debug)]
-struct Arg {
-    name: &'static str,
-    ptr: u64,
-    bytes: usize,
-    len: usize,
-    expected: usize,
-    align: u64,
-    output: bool,
-    ctx: sys::CUcontext,
+pub(crate) struct Arg {
+    pub name: &'static str,
+    pub ptr: u64,
+    pub bytes: usize,
+    pub len: usize,
+    pub expected: usize,
+    pub align: u64,
+    pub output: bool,
+    pub ctx: sys::CUcontext,
 }
 
 /// The eleven tensors of a call in the order of [`Ptrs`], each with what
@@ -391,7 +391,7 @@ fn grad<'a>(
 /// count, workspace size, alignment, overlap of each non-empty output with
 /// every other non-empty tensor. `ws_len` bytes of workspace were given,
 /// `ws_needed` are needed.
-fn check_args(
+pub(crate) fn check_args(
     args: &[Arg],
     ctx: sys::CUcontext,
     ordinal: usize,

@@ -33,6 +33,7 @@ pub mod gpu;
 mod launch;
 pub mod oneshot;
 mod plan;
+mod raw;
 mod select;
 mod shape;
 pub mod watchdog;
@@ -44,6 +45,7 @@ pub use events::{StageEvents, StageTimes};
 pub use gpu::cuda_device_count;
 pub use half::bf16;
 pub use plan::Plan;
+pub use raw::RawBuffers;
 pub use select::{select, select_backend, Selection, TCGEN05_VALIDATED};
 pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 

@@ -1,7 +1,7 @@
 //! The plan (built once per shape and options) and its validated `execute`:
 //! the checks are in `args`, the launches of each path in `launch`.
 
-use crate::args::{self, Expected, Inputs, Outputs, TopkId};
+use crate::args::{self, Expected, Inputs, Outputs, Ptrs, TopkId};
 use crate::error::Result;
 use crate::events::StageEvents;
 use crate::launch::{self, Cast, Path, Run};
@@ -153,24 +153,48 @@ impl Plan {
         // Holds the guards of the device addresses until the launches are
         // queued (see `args::Checked`).
         let checked = args::check(&want, stream, inputs, outputs, loss_coeff)?;
-        let ptrs = checked.ptrs;
+        // SAFETY: every address in `checked.ptrs` passed `args::check` for
+        // this plan's shape and options (context, length, element type,
+        // alignment, no output aliasing another tensor).
+        unsafe { self.launch_checked(stream, &checked.ptrs, checked.ids_i64, loss_coeff, events) }
+    }
+
+    /// The plan's context (`raw` compares and binds it).
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The launches of the plan's path on addresses that passed the checks
+    /// (`ids_i64`: `topk_indices` holds i64 ids).
+    ///
+    /// # Safety
+    /// Every address in `ptrs` passed `args::check` (or the checks of
+    /// `raw` plus the caller's promises there) for this plan's shape and
+    /// options.
+    pub(crate) unsafe fn launch_checked(
+        &self,
+        stream: &CudaStream,
+        ptrs: &Ptrs,
+        ids_i64: bool,
+        loss_coeff: f32,
+        events: Option<&StageEvents>,
+    ) -> Result<()> {
+        let (s, opts) = (&self.shape, &self.opts);
         let ws_needed = self.workspace_bytes();
         let accum = ptrs.dk_accum(ws_needed);
         let mut flags = launch::flags(opts, self.path.row_chunks(s));
-        if checked.ids_i64 {
+        if ids_i64 {
             flags |= FLAG_IDS_I64;
         }
         let run = Run {
             stream,
             shape: s,
-            params: launch::grad_params(&ptrs, accum, s, opts, loss_coeff, flags),
+            params: launch::grad_params(ptrs, accum, s, opts, loss_coeff, flags),
             events,
             cast: (ws_needed > 0).then_some((ptrs.workspace, ptrs.d_index_k)),
         };
-        // SAFETY: every address in `run` passed `args::check` for this
-        // plan's shape and options (context, length, element type,
-        // alignment, no output aliasing another tensor), and `path` and
-        // `cast` were loaded for this shape in `new`.
+        // SAFETY: forwarded from the caller; `path` and `cast` were loaded
+        // for this shape in `new`.
         unsafe { launch::launch(&self.path, &self.cast, &run) }
     }
 }

@@ -9,6 +9,11 @@
 //! - `bench [args]`: runs the benchmark binary (on a machine with a GPU).
 //! - `gpu-bundle [--out DIR]`: release test and bench binaries, the PTX and
 //!   `run.sh` in one folder to copy to the GPU machine.
+//! - `wheel [--zig] [--out DIR]`: the Python package's release wheel
+//!   (maturin, installed into `target/python-venv`), default
+//!   `target/wheels/`; `--zig` links it for glibc 2.28 (`manylinux_2_28`).
+//! - `python-test`: the Python step of `test` alone (wheel, install,
+//!   torch-free tests).
 
 mod bundle;
 mod converge;
@@ -19,6 +24,7 @@ mod entries;
 mod link;
 mod modgraph;
 mod ptx;
+mod python;
 mod util;
 
 use std::process::ExitCode;
@@ -41,6 +47,8 @@ fn main() -> ExitCode {
         "test" => test(rest.iter().any(|a| a == "--require-gpu")),
         "bench" => bench(rest),
         "gpu-bundle" => bundle::gpu_bundle(rest),
+        "wheel" => python::wheel(rest),
+        "python-test" => python::test(&util::repo_root()),
         "-h" | "--help" | "help" => {
             println!("{}", USAGE);
             Ok(())
@@ -50,7 +58,7 @@ fn main() -> ExitCode {
     report(result)
 }
 
-const USAGE: &str = "usage: cargo xtask <build-ptx [--check] | test [--require-gpu] | bench [ARGS] | gpu-bundle [--out DIR]>";
+const USAGE: &str = "usage: cargo xtask <build-ptx [--check] | test [--require-gpu] | bench [ARGS] | gpu-bundle [--out DIR] | wheel [--zig] [--out DIR] | python-test>";
 
 fn report(r: Result<(), String>) -> ExitCode {
     match r {
@@ -63,7 +71,7 @@ fn report(r: Result<(), String>) -> ExitCode {
 }
 
 /// The README's test command: stale-PTX check, formatting, lints, doc
-/// links, tests.
+/// links, tests (Rust, then the Python package's).
 fn test(require_gpu: bool) -> Result<(), String> {
     let root = util::repo_root();
     util::step("build-ptx --check (committed PTX must match the sources)");
@@ -105,6 +113,8 @@ fn test(require_gpu: bool) -> Result<(), String> {
         &["test", "--workspace", "--release", "--", "--show-output"],
         &env,
     )?;
+    util::step("python package: wheel, install, torch-free tests");
+    python::test(&root)?;
     let skipped = skipped_gpu_tests(&out);
     if skipped.is_empty() {
         util::step("GPU tests: none skipped");

@@ -1,0 +1,47 @@
+"""Backward pass of the DeepSeek Sparse Attention lightning indexer for PyTorch.
+
+``indexer_backward(index_q, weights, index_k, attn_score, index_score,
+topk_indices, grad_loss, ...)`` returns ``(grad_signal, d_index_q, d_weights,
+d_index_k)``: on CUDA tensors from the crate's GPU kernels, queued on the
+current stream; on CPU tensors from its CPU path. The contract (math, key-id
+conventions, tolerances) is docs/spec.md of the repository, the Python API
+docs/usage.md.
+
+The package imports without torch (the checks and the native module are
+torch-free); ``indexer_backward`` needs torch.
+"""
+
+from . import _native
+from ._native import cuda_device_count
+
+__version__ = _native.__version__
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # pragma: no cover - exercised by the torch-free CI tests
+    _torch = None
+
+if _torch is not None:
+    from ._torch import IndexerGrads, clear_plan_cache, indexer_backward, plan_cache_size
+else:
+
+    def indexer_backward(*args, **kwargs):
+        """Needs torch (not installed)."""
+        raise ImportError("dsa_indexer_bwd.indexer_backward needs torch")
+
+    def clear_plan_cache():
+        """No plans without torch."""
+
+    def plan_cache_size():
+        """No plans without torch."""
+        return 0
+
+    IndexerGrads = None
+
+__all__ = [
+    "IndexerGrads",
+    "clear_plan_cache",
+    "cuda_device_count",
+    "indexer_backward",
+    "plan_cache_size",
+]
