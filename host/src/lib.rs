@@ -49,6 +49,6 @@ pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 
 /// The README's code blocks, compiled as doctests so the API example there
 /// cannot drift from the API.
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
