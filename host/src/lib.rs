@@ -23,6 +23,45 @@
 //! picks it while [`TCGEN05_VALIDATED`] is empty; `Options { backend:
 //! Backend::Blackwell, .. }` opts in. [`bringup`] holds the checks the
 //! first owner of such a GPU runs before that (compiled, not executed).
+//!
+//! # Example
+//!
+//! The CPU path on a two-row problem; [`cuda_device_count`] is 0 on a
+//! machine without a CUDA driver. On a GPU the same call shapes take
+//! [`Plan::execute`] (device buffers, the caller's stream) or
+//! [`oneshot::run`] (host data, GPU when present).
+//!
+//! ```
+//! use dsa_indexer_bwd::cpu::{self, HostGrad, HostInputs, HostOutputs};
+//! use dsa_indexer_bwd::{bf16, cuda_device_count, Options, Shape};
+//!
+//! # fn main() -> Result<(), dsa_indexer_bwd::Error> {
+//! println!("CUDA devices: {}", cuda_device_count());
+//! let shape = Shape { batch: 1, seq_q: 2, seq_k: 4, heads: 16, head_dim: 64, topk: 2 };
+//! let opts = Options { sm_scale: 0.125, ..Options::default() }; // f32 dK, bf16 dW
+//! let q = vec![bf16::from_f32(0.5); shape.q_len()];
+//! let w = vec![bf16::ONE; shape.w_len()];
+//! let k: Vec<bf16> = (0..shape.k_len()).map(|i| bf16::from_f32(i as f32 / 256.0)).collect();
+//! let target = vec![0.75f32, 0.25, 0.5, 0.5]; // attn_score, one row of topk per query row
+//! let predict = vec![0.5f32; shape.slots()]; // index_score
+//! let ids = vec![0, 1, 2, 3]; // key rows of the selected slots
+//! let x = HostInputs {
+//!     index_q: &q, weights: &w, index_k: &k, attn_score: &target, index_score: &predict,
+//!     topk_indices: &ids, grad_loss: 1.0, loss_coeff: 1.0,
+//! };
+//! let mut grad_signal = target.clone(); // targets in, grad_signal out
+//! let mut d_q = vec![bf16::ZERO; shape.q_len()];
+//! let (mut d_w, mut d_k) = (vec![bf16::ZERO; shape.w_len()], vec![0.0f32; shape.k_len()]);
+//! cpu::execute(&shape, &opts, &x, HostOutputs {
+//!     attn_score: &mut grad_signal,
+//!     d_index_q: &mut d_q,
+//!     d_weights: HostGrad::Bf16(&mut d_w),
+//!     d_index_k: HostGrad::F32(&mut d_k),
+//! })?;
+//! assert_ne!(grad_signal[0], 0.0); // row 0's target differs from its predict
+//! assert_eq!(grad_signal[2..], [0.0, 0.0]); // row 1's does not
+//! # Ok(()) }
+//! ```
 
 mod args;
 pub mod bringup;
@@ -51,6 +90,6 @@ pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 
 /// The README's code blocks, compiled as doctests so the API example there
 /// cannot drift from the API.
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;

@@ -7,7 +7,8 @@
 //!   `#[repr(C)]` parameter structs and launch constants ([`abi`]), the
 //!   kernels' names, launch bounds and targets ([`registry`]) and the
 //!   shared-memory budgets instead of repeating them ([`params`] re-exports
-//!   the names the host has always used).
+//!   the names the host has always used), and the committed PTX texts
+//!   ([`PTX_SM90A`], [`PTX_SM100F`], [`PTX_SM90`]) that the host embeds.
 //!
 //! Raw `asm!` lives only in `ptx` (device builds only).
 #![no_std]
@@ -52,6 +53,18 @@ mod smoke;
 mod stage1;
 #[cfg(all(target_arch = "nvptx64", kernels_watchdog))]
 pub mod watchdog;
+
+/// The committed PTX of the sm_90a module (Hopper: H100, H200), as
+/// written by `cargo xtask build-ptx`. Host builds only: the device build
+/// must not depend on its own output.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const PTX_SM90A: &str = include_str!("../ptx/kernels_sm_90a.ptx");
+/// The committed PTX of the sm_100f module (Blackwell sm_100 family).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const PTX_SM100F: &str = include_str!("../ptx/kernels_sm_100f.ptx");
+/// The committed portable PTX (`sm_90`, no architecture-specific features).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const PTX_SM90: &str = include_str!("../ptx/kernels_sm_90.ptx");
 
 /// Device panics cannot unwind: trap, which fails the launch with an error the
 /// host sees at the next synchronisation.

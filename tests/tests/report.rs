@@ -143,7 +143,8 @@ fn earlier_runs_still_parse_and_render() {
     let mut files = 0;
     for e in std::fs::read_dir(dir).unwrap() {
         let path = e.unwrap().path();
-        if path.extension().is_none_or(|x| x != "jsonl") {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.extension().is_none_or(|x| x != "jsonl") || !name.contains("-bench") {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();

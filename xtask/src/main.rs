@@ -5,7 +5,9 @@
 //!   writes `kernels-gpu/ptx/kernels_<arch>.ptx`, and assembles each file
 //!   with `ptxas -v`. `--check` fails instead of writing when a committed
 //!   file is stale.
-//! - `test [--require-gpu]`: stale-PTX check, fmt, clippy, rustdoc links, the whole suite.
+//! - `test [--require-gpu]`: stale-PTX check, fmt, clippy, rustdoc links,
+//!   library builds (two CUDA binding choices, the MSRV, `cargo package`),
+//!   the whole suite.
 //! - `bench [args]`: runs the benchmark binary (on a machine with a GPU).
 //! - `gpu-bundle [--out DIR]`: release test and bench binaries, the PTX and
 //!   `run.sh` in one folder to copy to the GPU machine.
@@ -71,7 +73,8 @@ fn report(r: Result<(), String>) -> ExitCode {
 }
 
 /// The README's test command: stale-PTX check, formatting, lints, doc
-/// links, tests (Rust, then the Python package's).
+/// links, library builds (feature sets, MSRV, packages), tests (Rust, then
+/// the Python package's).
 fn test(require_gpu: bool) -> Result<(), String> {
     let root = util::repo_root();
     util::step("build-ptx --check (committed PTX must match the sources)");
@@ -98,6 +101,7 @@ fn test(require_gpu: bool) -> Result<(), String> {
         &["doc", "--no-deps", "--manifest-path", km],
         &docflags,
     )?;
+    library_builds(&root)?;
     util::step("cargo test");
     let env: Vec<(&str, &str)> = if require_gpu {
         vec![("INDEXER_REQUIRE_GPU", "1")]
@@ -129,6 +133,87 @@ fn test(require_gpu: bool) -> Result<(), String> {
     }
     util::step("all checks passed");
     Ok(())
+}
+
+/// The library as users build it: with two choices of CUDA bindings, with
+/// the minimum supported Rust (the workspace's `rust-version`, installed
+/// when missing), and as the two packages `cargo publish` would upload
+/// (each verified by building it from its package; the host against the
+/// packaged `kernels-gpu`, which is not on crates.io yet).
+fn library_builds(root: &std::path::Path) -> Result<(), String> {
+    util::step("cargo check the library: default features, then cuda-13000 bindings");
+    util::cargo(root, &["check", "-p", "dsa-indexer-bwd"], &[])?;
+    util::cargo(
+        root,
+        &[
+            "check",
+            "-p",
+            "dsa-indexer-bwd",
+            "--no-default-features",
+            "--features",
+            "cuda-13000",
+        ],
+        &[],
+    )?;
+    let msrv = manifest_string(&root.join("Cargo.toml"), "rust-version")?;
+    util::step(&format!("MSRV: cargo +{msrv} check (the library)"));
+    util::run(std::process::Command::new("rustup").args([
+        "toolchain",
+        "install",
+        &msrv,
+        "--profile",
+        "minimal",
+    ]))?;
+    let msrv_target = root.join("target/msrv");
+    util::run(
+        std::process::Command::new("rustup")
+            .current_dir(root)
+            .args(["run", &msrv, "cargo", "check", "-p", "dsa-indexer-bwd"])
+            .arg("--target-dir")
+            .arg(&msrv_target)
+            .env_remove("RUSTC")
+            .env_remove("CARGO"),
+    )?;
+    util::step("cargo package: kernels-gpu, then dsa-indexer-bwd against it");
+    let km = root.join("kernels-gpu/Cargo.toml");
+    let km = km.to_str().ok_or("non-UTF-8 path")?;
+    util::cargo(
+        root,
+        &["package", "--allow-dirty", "--manifest-path", km],
+        &[],
+    )?;
+    let kversion = manifest_string(&root.join("kernels-gpu/Cargo.toml"), "version")?;
+    let packaged = root.join(format!("kernels-gpu/target/package/kernels-gpu-{kversion}"));
+    let patch = format!(
+        "patch.crates-io.kernels-gpu.path={:?}",
+        packaged.to_str().ok_or("non-UTF-8 path")?
+    );
+    util::cargo(
+        root,
+        &[
+            "package",
+            "--allow-dirty",
+            "-p",
+            "dsa-indexer-bwd",
+            "--config",
+            &patch,
+        ],
+        &[],
+    )
+}
+
+/// The first `KEY = "VALUE"` line's value in the manifest `path` (the
+/// root's `rust-version` is the one of `[workspace.package]`, a package's
+/// `version` its own).
+fn manifest_string(path: &std::path::Path, key: &str) -> Result<String, String> {
+    let s = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    s.lines()
+        .filter_map(|l| l.trim().strip_prefix(key))
+        .filter(|rest| rest.trim_start().starts_with('='))
+        .filter_map(|l| l.split('"').nth(1))
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("{}: no {key}", path.display()))
 }
 
 /// The names of the tests that printed `NAME: skipped: no CUDA device`

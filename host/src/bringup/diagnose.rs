@@ -112,7 +112,7 @@ pub fn describe_indices(set: &[bool], var: &str, noun: &str) -> String {
         return format!("all {n} {noun}s");
     }
     for p in PERIODS {
-        if p >= n || n % p != 0 {
+        if p >= n || !n.is_multiple_of(p) {
             continue;
         }
         if (0..n).all(|i| set[i] == set[i % p]) {

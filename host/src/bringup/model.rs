@@ -47,7 +47,7 @@ pub const TMEM_FILL: u32 = SM100_PROBE_TMEM_FILL;
 const ID_STRIDE: usize = 37;
 /// See [`ID_STRIDE`].
 const ID_OFFSET: usize = 11;
-const _: () = assert!(KEY_ROWS % ID_STRIDE != 0 && N <= KEY_ROWS);
+const _: () = assert!(!KEY_ROWS.is_multiple_of(ID_STRIDE) && N <= KEY_ROWS);
 
 /// The inputs of every probe.
 #[derive(Clone, Debug, PartialEq)]
