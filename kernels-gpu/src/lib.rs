@@ -22,6 +22,7 @@ extern crate std;
 pub mod abi;
 pub mod params;
 pub mod registry;
+pub mod sched;
 pub mod score;
 pub mod sm100;
 pub mod sm90;

@@ -45,13 +45,14 @@
 //! is accumulated by reductions.
 
 use super::{
-    desc, pair_sample, pairs_match, row_at, row_chunks, rows_of, sample_hit, sampled_slots,
-    swizzle, Pos, Walk, ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, PAIR,
-    PAIR_SAMPLES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, THREADS, VOTE_SET_BYTES,
+    desc, pair_sample, pairs_match, row_chunks, sample_hit, sampled_slots, swizzle, Pos, Walk,
+    ATOM_BYTES, CHUNK, DIM, DK_STRIDE, HEADS, K_BLOCK, K_BYTES, PAIR, PAIR_SAMPLES, Q_BLOCK,
+    Q_BYTES, ROW_BYTES, SMEM, THREADS, VOTE_SET_BYTES,
 };
 use crate::abi::{row_chunks_at, GradParams, FLAG_DW_F32, FLAG_PAIR_DISPATCH, FLAG_ROW_CHUNKS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, cvt, global, griddep, sreg, sync, wgmma};
+use crate::sched::{row_at, row_count};
 use crate::score::{ids_i64, load_id, narrow_id_words, resolve};
 
 const WARPS: u32 = THREADS / 32;
@@ -170,7 +171,7 @@ unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) 
     // skipped), else all of them. Index arithmetic in u32: the host checks
     // B*S_q*topk < 2^32 (`super::supports`).
     let nchunks = topk.div_ceil(CHUNK);
-    let my_rows = if go { rows_of(units, ctas, cta) } else { 0 };
+    let my_rows = if go { row_count(units, ctas, cta) } else { 0 };
     let row_of = |k: u32| {
         if PAIRED {
             2 * row_at(ctas, cta, k) + half
