@@ -18,6 +18,23 @@
 //! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
 
 mod sched;
+
+// The kernels (device only): the entries and the item order (`wg`), the
+// context and named barriers (`ctx`), one module per role.
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod ctx;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod gate;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod load;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod mma;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod pair;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod reduce;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod row_end;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod wg;
 
