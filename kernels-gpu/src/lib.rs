@@ -16,6 +16,13 @@
     target_arch = "nvptx64",
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
 )]
+// `#[rustc_force_inline]` (inlining in MIR, before LLVM) for the steps of
+// the sm_90a wgmma kernels: see `sm90::wg`.
+#![cfg_attr(
+    all(target_arch = "nvptx64", kernels_arch = "sm_90a"),
+    feature(rustc_attrs),
+    allow(internal_features)
+)]
 
 #[cfg(test)]
 extern crate std;
@@ -23,6 +30,7 @@ extern crate std;
 pub mod abi;
 pub mod params;
 pub mod registry;
+pub mod sched;
 pub mod score;
 pub mod sm100;
 pub mod sm90;

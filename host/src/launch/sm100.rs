@@ -18,8 +18,8 @@ use crate::gpu;
 use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
 use kernels_gpu::params::{Sm100Params, TensorMap, SM100_STAGE2_THREADS, STAGE1_KERNEL};
+use kernels_gpu::sched;
 use kernels_gpu::sm100::budget::SM100_SMEM;
-use kernels_gpu::sm100::sched;
 use kernels_gpu::sm100::tmap::{gather_map, q_tile_map, Map2d};
 use std::sync::Arc;
 
@@ -155,7 +155,7 @@ impl Sm100Kernels {
             q_map: encode(p.index_q, &self.maps.1)?,
             p: *p,
         };
-        let grid2 = sched::grid(self.sms, run.shape.rows() as u32).max(1);
+        let grid2 = sched::grid(run.shape.rows() as u32, self.sms, 1).max(1);
         // SAFETY: forwarded from the caller; stage 1's contract is kept by
         // `launch_stage1`; stage 2: one persistent CTA per SM at most,
         // SM100_STAGE2_THREADS threads, SM100_SMEM bytes (limit raised in

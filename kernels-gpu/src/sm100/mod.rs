@@ -17,7 +17,8 @@
 //! the canonical-layout address model ([`desc`]), the operand layouts and
 //! per-step descriptors of the three GEMMs ([`operands`]), tensor-memory
 //! lane mapping ([`tmem`]), tensor-memory and shared-memory budgets
-//! ([`budget`]), the persistent scheduler and barrier parities ([`sched`]),
+//! ([`budget`]), chunks per row and barrier parities ([`sched`]; the
+//! persistent scheduler is the shared `crate::sched`),
 //! TMA gather4 row coordinates ([`gather`]) and tensor-map geometry
 //! ([`tmap`]); and the stage-2 barrier protocol ([`proto`]), which a test
 //! model-checks (`model`) over every interleaving of small cases.

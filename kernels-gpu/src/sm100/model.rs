@@ -55,7 +55,8 @@ use super::proto::{self, Machine, Plant, Rows};
 use super::proto::{ComputeWork, LoadWork, MmaWork, ReduceWork};
 use super::proto::{DK_FREE, DK_READY, DQ_READY, DS_READY, EMPTY, FULL};
 use super::proto::{K_HALF_BYTES, LOAD_LANES, NUM_BARS, Q_EMPTY, Q_FULL, S_READY};
-use super::sched::{parity, rows_of};
+use super::sched::parity;
+use crate::sched::rows_of;
 use std::collections::HashSet;
 use std::format;
 use std::string::String;
@@ -1471,7 +1472,7 @@ mod tests {
                                 heads,
                             };
                             let t = record::<0>(&case, Mutation::None);
-                            let ours: Vec<u32> = rows_of(cta, ctas, rows).collect();
+                            let ours: Vec<u32> = rows_of(rows, ctas, cta).collect();
                             assert_eq!(t.rows_out, ours, "{case:?}");
                             if heads == 64 {
                                 written.extend(ours.iter().copied());

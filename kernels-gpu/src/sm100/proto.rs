@@ -227,7 +227,7 @@ pub trait ReduceWork: Machine {
 }
 
 /// The query rows of one CTA: `first, first + step, ...` below `end`
-/// (`sched::rows_of`).
+/// (`crate::sched::rows_of`).
 #[derive(Clone, Copy, Debug)]
 pub struct Rows {
     /// This CTA's first row.

@@ -2,7 +2,7 @@
 //! **Compiled and assembled for sm_100f, not executed** (no such GPU has
 //! been available).
 //!
-//! One CTA per SM walks its query rows (`sched::rows_of`), each row in
+//! One CTA per SM walks its query rows (`crate::sched::rows_of`), each row in
 //! `NCH = topk / 128` chunks of 128 slots. Roles, by warp (uniform inside a
 //! warp, so warp-collective instructions always run on whole warps):
 //!

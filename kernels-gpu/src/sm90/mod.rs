@@ -17,8 +17,28 @@
 //! - K chunk: blocks of `CHUNK` rows (a slot each) x 64 of D; two per buffer.
 //! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
 
+mod sched;
+
+// The kernels (device only): the entries and the item order (`wg`), the
+// context and named barriers (`ctx`), one module per role.
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod ctx;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod gate;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod load;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod mma;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod pair;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod reduce;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod row_end;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod wg;
+
+pub use sched::{grid, pair_grid, row_chunks, Pos, Walk, SKIP_MIN_TOPK};
 
 /// PTX entry name of the wgmma row kernel (sm_90a PTX only).
 pub const WG_KERNEL: &str = crate::registry::SM90_WG.name;
@@ -181,17 +201,6 @@ const _: () = assert!(PAIR.votes + 2 * VOTE_SET_BYTES <= PAIR.half_stride);
 const _: () = assert!(PAIR.votes.is_multiple_of(16) && VOTE_SET_BYTES == 32);
 const _: () = assert!(crate::registry::SM90_WG_PAIR.threads == PAIR.threads);
 
-/// Persistent grid of the paired kernel: one CTA per SM, never more than
-/// row pairs (`rows` must be even, [`supports_pairs`]).
-pub const fn pair_grid(rows: u32, sms: u32) -> u32 {
-    let pairs = rows / 2;
-    if pairs < sms {
-        pairs
-    } else {
-        sms
-    }
-}
-
 /// Row pairs the dispatch test samples.
 pub const PAIR_SAMPLES: u32 = 8;
 /// Leading slots of each sampled pair the dispatch test compares.
@@ -253,126 +262,6 @@ pub fn ids_pair_up(ids: &[i32], rows: u32, topk: u32) -> bool {
 /// row kernel).
 pub const fn supports_pairs(rows: u64, topk: u64) -> bool {
     rows.is_multiple_of(2) && supports(rows, topk)
-}
-
-/// Persistent grid: one CTA per resident slot, never more than rows.
-pub const fn grid(rows: u32, sms: u32) -> u32 {
-    let slots = sms * CTAS_PER_SM;
-    if rows < slots {
-        rows
-    } else {
-        slots
-    }
-}
-
-/// Query row of local row `k` of CTA `cta` in a grid of `ctas`: rows are
-/// dealt round robin. (Dealing alternate rounds in reverse balances causal
-/// row lengths better but hands the last, partial round to the CTAs that
-/// already have the most chunks: on the ragged workload at topk 2048 the
-/// busiest CTA would get 784 chunks instead of 769; see the test.)
-pub const fn row_at(ctas: u32, cta: u32, k: u32) -> u32 {
-    cta + k * ctas
-}
-
-/// How many rows CTA `cta` of a grid of `ctas` handles ([`row_at`] for
-/// `k = 0, 1, ...` below `rows`).
-pub const fn rows_of(rows: u32, ctas: u32, cta: u32) -> u32 {
-    if cta >= rows {
-        0
-    } else {
-        (rows - cta).div_ceil(ctas)
-    }
-}
-
-/// Smallest topk for which the host asks stage 1 for per-row chunk counts
-/// ([`crate::abi::FLAG_ROW_CHUNKS`]) and the kernel skips trailing
-/// all-padding chunks. Below it a row has few chunks to skip (never any at
-/// topk 128: every row runs at least two), and the count costs more than
-/// it saves (the threshold is where the skip started to pay on ragged
-/// ids, docs/perf-notes.md, "Measurements behind code choices").
-pub const SKIP_MIN_TOPK: u32 = 512;
-
-/// Chunks the kernel runs for a row whose stage-1 count
-/// ([`crate::abi::FLAG_ROW_CHUNKS`]) is `live`: at least two (the next
-/// row's q tile is loaded during a row's first chunk and waited for at the
-/// end of its second), at most `ceil(topk / CHUNK)`.
-pub const fn row_chunks(live: u32, topk: u32) -> u32 {
-    let all = topk.div_ceil(CHUNK);
-    let n = if live < 2 { 2 } else { live };
-    if n > all {
-        all
-    } else {
-        n
-    }
-}
-
-/// A position in a CTA's sequence of work items: chunk `ch` of local row `k`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pos {
-    /// Local row (the CTA's `k`-th row, [`row_at`]).
-    pub k: u32,
-    /// Chunk of that row.
-    pub ch: u32,
-}
-
-/// Where a CTA is in its sequence of items: local row `k` spans items
-/// `start..end0`, row `k + 1` spans `end0..end1`. The kernel looks at most
-/// three items ahead and every row has at least two ([`row_chunks`]), so
-/// an item it asks about lies before `end1 + 1` (row `k + 2`, chunk 0 at
-/// the latest) and these four numbers (plus one count loaded a row ahead)
-/// are all the state it keeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Walk {
-    /// The current item's local row.
-    pub k: u32,
-    /// First item of row `k`.
-    pub start: u32,
-    /// One past the last item of row `k`.
-    pub end0: u32,
-    /// One past the last item of row `k + 1`.
-    pub end1: u32,
-}
-
-impl Walk {
-    /// The first two rows, of `n0` and `n1` chunks.
-    pub const fn new(n0: u32, n1: u32) -> Walk {
-        Walk {
-            k: 0,
-            start: 0,
-            end0: n0,
-            end1: n0 + n1,
-        }
-    }
-
-    /// Position of item `x` (`start <= x`, inside rows `k .. k + 2`).
-    #[inline(always)]
-    pub const fn pos(&self, x: u32) -> Pos {
-        if x < self.end0 {
-            Pos {
-                k: self.k,
-                ch: x - self.start,
-            }
-        } else if x < self.end1 {
-            Pos {
-                k: self.k + 1,
-                ch: x - self.end0,
-            }
-        } else {
-            Pos {
-                k: self.k + 2,
-                ch: x - self.end1,
-            }
-        }
-    }
-
-    /// Moves on to row `k + 1`; `n2` is the chunk count of row `k + 2`.
-    #[inline(always)]
-    pub const fn next_row(&mut self, n2: u32) {
-        self.k += 1;
-        self.start = self.end0;
-        self.end0 = self.end1;
-        self.end1 += n2;
-    }
 }
 
 /// The kernel needs at least two chunks per row (the next row's q tile is
@@ -472,91 +361,9 @@ mod tests {
     }
 
     #[test]
-    fn persistent_grid_covers_every_row_once() {
-        for (rows, sms) in [
-            (1, 132),
-            (72, 132),
-            (264, 132),
-            (265, 132),
-            (8192, 132),
-            (1000, 7),
-        ] {
-            let ctas = grid(rows, sms);
-            assert!(ctas >= 1 && ctas <= rows && ctas <= 2 * sms);
-            let mut seen = std::vec![0u8; rows as usize];
-            for cta in 0..ctas {
-                let n = rows_of(rows, ctas, cta);
-                assert!(n >= 1, "every CTA has a row");
-                for k in 0..n {
-                    seen[row_at(ctas, cta, k) as usize] += 1;
-                }
-                assert!(row_at(ctas, cta, n) >= rows, "no row left after the last");
-            }
-            assert!(seen.iter().all(|&s| s == 1), "rows {rows} sms {sms}");
-        }
-        assert_eq!(rows_of(10, 4, 12), 0);
+    fn supports_bounds_topk_and_slot_indices() {
         assert!(supports(1 << 20, 4095) && !supports(1 << 20, 4096));
         assert!(supports(1, 65_535 * 64) && !supports(1, 65_535 * 64 + 1));
-    }
-
-    #[test]
-    fn round_robin_keeps_the_busiest_cta_near_the_mean_on_causal_rows() {
-        // The ragged workload at topk 2048 (valid slots first): row r has
-        // ceil((r/2+1)/64) live chunks, capped at 32.
-        let (rows, ctas, topk) = (8192u32, 264u32, 2048u32);
-        let len = |r: u32| row_chunks((r / 2 + 1).min(topk).div_ceil(CHUNK), topk);
-        let tot: std::vec::Vec<u32> = (0..ctas)
-            .map(|c| {
-                (0..rows_of(rows, ctas, c))
-                    .map(|k| len(row_at(ctas, c, k)))
-                    .sum()
-            })
-            .collect();
-        let sum: u32 = (0..rows).map(len).sum();
-        assert_eq!(tot.iter().sum::<u32>(), sum);
-        let (max, mean) = (*tot.iter().max().unwrap(), sum / ctas);
-        assert!(max <= mean + 20, "busiest {max} chunks, mean {mean}");
-    }
-
-    #[test]
-    fn row_chunks_clamps_to_two_and_to_topk() {
-        assert_eq!(row_chunks(0, 128), 2);
-        assert_eq!(row_chunks(1, 2048), 2);
-        assert_eq!(row_chunks(5, 2048), 5);
-        assert_eq!(row_chunks(40, 2048), 32);
-        assert_eq!(row_chunks(3, 65), 2);
-    }
-
-    #[test]
-    fn walk_locates_every_lookahead_item_as_the_kernel_does() {
-        let n = [2u32, 5, 2, 2, 3, 2, 7, 2];
-        let count = |k: u32| n.get(k as usize).copied().unwrap_or(2);
-        let mut want = std::vec::Vec::new();
-        for (k, &len) in n.iter().enumerate() {
-            for ch in 0..len {
-                want.push(Pos { k: k as u32, ch });
-            }
-        }
-        // As the kernel: counts of rows 0 and 1 up front, row k + 2's
-        // loaded when row k starts and used when row k + 1 starts.
-        let mut w = Walk::new(count(0), count(1));
-        let mut pending = count(2);
-        let mut it = 0u32;
-        while (w.pos(it).k as usize) < n.len() {
-            for d in 0..4 {
-                let x = it + d;
-                if (x as usize) < want.len() {
-                    assert_eq!(w.pos(x), want[x as usize], "item {it} + {d}");
-                }
-            }
-            assert_eq!(it + 1 == w.end0, w.pos(it).ch + 1 == n[w.k as usize]);
-            it += 1;
-            if it == w.end0 {
-                w.next_row(pending);
-                pending = count(w.k + 2);
-            }
-        }
-        assert_eq!(it as usize, want.len());
     }
 
     #[test]

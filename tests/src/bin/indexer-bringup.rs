@@ -410,7 +410,7 @@ fn grid_of(ctx: &Arc<CudaContext>, rows: u32) -> u32 {
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .unwrap_or(1)
         .max(1) as u32;
-    kernels_gpu::sm100::sched::grid(sms, rows).max(1)
+    kernels_gpu::sched::grid(rows, sms, 1).max(1)
 }
 
 fn problem(seed: u64, shape: Shape, opts: Options, padding: Padding, short_rows: f64) -> Problem {

@@ -1,0 +1,184 @@
+//! dK of the wgmma kernels: staged in shared memory (f32, scaled) with the
+//! chunk's key rows, then added to the f32 accumulator with coalesced
+//! `red.global.add.v4.f32` (one 512-byte row per warp instruction; measured
+//! faster than `cp.reduce.async.bulk` and than reductions straight from the
+//! MMA fragments). In the paired kernel also the pair fusion: where both
+//! halves' rows select the same key in a slot, that slot is reduced once,
+//! as the sum of both staged rows; a fused item (every slot the same) has
+//! one staging, of the summed product.
+
+use super::ctx::Ctx;
+use super::{CHUNK, DIM, DK_STRIDE, SMEM, THREADS};
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::{global, sreg};
+
+const WARPS: u32 = THREADS / 32;
+/// Staged dK rows each warp reduces per chunk (a power of two: the XOR in
+/// the reduction loop permutes them).
+pub(super) const ROWS_PER_WARP: u32 = CHUNK / WARPS;
+const _: () = assert!(ROWS_PER_WARP.is_power_of_two());
+/// Staged dK rows (of its eight) each warp reduces right after issuing the
+/// next item's S; the rest go after that item's dS, before its barrier B2,
+/// and drain while its dQ and dK products run (fewer reductions in one
+/// burst). The split was chosen by measurement against the other splits
+/// (docs/perf-notes.md, "Measurements behind code choices").
+pub(super) const RED_FIRST: u32 = 4;
+const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
+// `reduce_rows` skips a fused call on the other half's group of four slots
+// whole: its calls must cover whole groups.
+const _: () = assert!(RED_FIRST.is_multiple_of(4) && ROWS_PER_WARP == 8);
+
+/// Reduce, part 1: stages this warpgroup's dK fragments (`kacc`, scaled
+/// by sm_scale) as f32 rows in shared memory, and copies the chunk's key
+/// rows for part 2 (`own_row`: this slot's, paired kernel; the row kernel
+/// reads it from the item's slot set `srows`).
+///
+/// # Safety
+/// The previous readers of the staging and of the key-row copy passed
+/// barrier B2 (see the pipeline note; in the paired kernel B2 spans both
+/// halves, the readers of this staging).
+#[rustc_force_inline]
+pub(super) unsafe fn stage<const PAIRED: bool, const HALF: u32>(
+    c: &Ctx<'_, PAIRED, HALF>,
+    kacc: &[f32; 32],
+    own_row: u32,
+    srows: SmemAddr,
+) {
+    let (tid, wi, g, sm_scale) = (c.tid, c.wi, c.g, c.sm_scale);
+    // SAFETY: each thread writes its own fragment elements (distinct
+    // (slot, column) pairs); the caller's contract.
+    unsafe {
+        for j in 0..8u32 {
+            for half in 0..2u32 {
+                let slot = 16 * wi + g + 8 * half;
+                let col = c.dcol0 + 8 * j + c.c;
+                let r = (4 * j + 2 * half) as usize;
+                let at = c.sdk.add(slot * DK_STRIDE + col * 4);
+                smem::st_v2_f32(at, kacc[r] * sm_scale, kacc[r + 1] * sm_scale);
+            }
+        }
+        if tid < CHUNK {
+            let r = if PAIRED {
+                own_row
+            } else {
+                smem::ld_u32(srows.add(4 * tid))
+            };
+            smem::st_u32(c.sred_rows.add(4 * tid), r);
+        }
+    }
+}
+
+/// Reduce, part 2: staged rows `lo..hi` (of each warp's eight) of the
+/// current staging; each call covers four rows. In the row kernel's SASS
+/// (Nsight Compute, 78a2a89) ptxas unrolls them, loads the four key rows
+/// first and then each staged row into the same four registers right
+/// before its reduction; loading all four staged rows first (16 more live
+/// registers) measured no faster (docs/perf-history.md, "what is left at
+/// uniform topk 512").
+///
+/// `fused`: `Some(h)` when the item's dK of both rows was computed as one
+/// product by half h (paired kernel, every slot the same key row in both
+/// halves): its staging holds the sum, and each half reduces its groups of
+/// four slots from it.
+///
+/// Called by whole warps (every thread of the half) after barrier M: the
+/// staged rows and their key rows (of both halves in the paired kernel)
+/// are complete, and rewritten only after the next B2.
+pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
+    c: &Ctx<'_, PAIRED, HALF>,
+    lo: u32,
+    hi: u32,
+    fused: Option<u32>,
+) {
+    const D: usize = DIM as usize;
+    let (l, half, warp, lane, dk) = (SMEM, HALF, c.warp, c.lane, c.dk);
+    let (sdk, sred_rows, pbase) = (c.sdk, c.sred_rows, c.pbase);
+    // Each warp takes its eight rows in an order that depends on the
+    // CTA (i XOR cta % 8). With one order everywhere, CTAs whose rows
+    // select the same key in the same slot (causal selections) reduce
+    // into the same key row at the same moment, and those reductions
+    // serialize.
+    let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
+    let slot_at = |i: u32| warp * ROWS_PER_WARP + (i ^ x);
+    // Fused: a half reduces the slots of its groups of four, and the
+    // calls cover whole groups (RED_FIRST is 0, 4 or 8), so a call on
+    // the other half's group has nothing to do.
+    if fused.is_some() && lo < hi && ((lo ^ x) / 4) % 2 != half {
+        return;
+    }
+    // The key rows of slot `i`: (this half's, the other half's) for an
+    // item that is not fused, (the computing half's, unused) for a
+    // fused one.
+    let key_rows = |i: u32| -> (i32, i32) {
+        let slot = slot_at(i);
+        // SAFETY: written before barrier M (of both halves in the
+        // paired kernel); read only.
+        unsafe {
+            match fused {
+                Some(comp) => {
+                    let r = smem::ld_u32(c.half_base(comp).add(l.red_rows).add(4 * slot));
+                    (r as i32, 0)
+                }
+                None => {
+                    let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
+                    let pr = if PAIRED {
+                        smem::ld_u32(pbase.add(l.red_rows).add(4 * slot)) as i32
+                    } else {
+                        -1
+                    };
+                    (r, pr)
+                }
+            }
+        }
+    };
+    // Paired: each iteration loads the next slot's key rows before it
+    // uses its own (loaded by the previous one), so the shared-memory
+    // latency of those loads is not paid in front of every reduction.
+    // The row kernel loads them in place: there the same change was
+    // slower.
+    let mut next = if PAIRED && lo < hi {
+        key_rows(lo)
+    } else {
+        (-1, -1)
+    };
+    for i in lo..hi {
+        let (r, pr) = if PAIRED {
+            let cur = next;
+            if i + 1 < hi {
+                next = key_rows(i + 1);
+            }
+            cur
+        } else {
+            key_rows(i)
+        };
+        let slot = slot_at(i);
+        // SAFETY: the staged row and its key row are complete (barrier
+        // M, of both halves in the paired kernel); a valid key row lies
+        // inside the (B*S_k, D) accumulator, 16-byte aligned
+        // (host-checked base, D*4 a multiple of 16).
+        unsafe {
+            if let Some(comp) = fused {
+                if r >= 0 && (slot / 4) % 2 == half {
+                    let cdk = c.half_base(comp).add(l.dk);
+                    let v = smem::ld_v4_f32(cdk.add(slot * DK_STRIDE + lane * 16));
+                    global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
+                }
+                continue;
+            }
+            // Paired: where the other half's row selected the same key
+            // in this slot, one half (alternating by groups of four
+            // slots, so every warp does half of them) reduces the sum of
+            // both staged rows and the other skips it.
+            let shared = PAIRED && r == pr;
+            if r >= 0 && (!shared || (slot / 4) % 2 == half) {
+                let at = slot * DK_STRIDE + lane * 16;
+                let mut v = smem::ld_v4_f32(sdk.add(at));
+                if shared {
+                    let o = smem::ld_v4_f32(pbase.add(l.dk).add(at));
+                    v = [v[0] + o[0], v[1] + o[1], v[2] + o[2], v[3] + o[3]];
+                }
+                global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
+            }
+        }
+    }
+}
