@@ -224,6 +224,16 @@ pub const STAGE1: Kernel = k(
     Targets::ALL,
 );
 
+/// Stage 1 for D = 64 (the same body as [`STAGE1`], zeroing a D = 64
+/// accumulator), ahead of [`SM90_WG_D64`]: in the sm_90a module only.
+pub const STAGE1_D64: Kernel = k(
+    "indexer_score_grad_d64",
+    Param::Grad,
+    STAGE1_THREADS,
+    Bounds::Max { min_ctas: 3 },
+    Targets::SM90A,
+);
+
 /// The f32 -> bf16 cast of the dK accumulator.
 pub const CAST: Kernel = k(
     "cast_f32_to_bf16",
@@ -297,6 +307,16 @@ pub const fn grad_kernel_name(heads: u32, dim: u32) -> Option<&'static str> {
 /// thread; always launched with exactly its two warpgroups.
 pub const SM90_WG: Kernel = k(
     "indexer_bwd_wg_h64_d128",
+    Param::Grad,
+    256,
+    Bounds::Exact { min_ctas: 2 },
+    Targets::SM90A,
+);
+
+/// The wgmma row kernel for H = 64, D = 64 (`sm90`, the same body on a
+/// layout half as wide in D): as [`SM90_WG`], two resident CTAs per SM.
+pub const SM90_WG_D64: Kernel = k(
+    "indexer_bwd_wg_h64_d64",
     Param::Grad,
     256,
     Bounds::Exact { min_ctas: 2 },
@@ -441,8 +461,9 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 30] = [
+pub const KERNELS: [Kernel; 32] = [
     STAGE1,
+    STAGE1_D64,
     CAST,
     ROWS[0],
     ROWS[1],
@@ -453,6 +474,7 @@ pub const KERNELS: [Kernel; 30] = [
     ROWS[6],
     ROWS[7],
     SM90_WG,
+    SM90_WG_D64,
     SM90_WG_PAIR,
     SMOKE,
     CEIL_MMA_K,

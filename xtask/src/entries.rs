@@ -156,11 +156,16 @@ fn names_are_unique_and_threads_match_the_kernels_constants() {
         assert_eq!(k.threads, kernels_gpu::tiles::GRAD_THREADS, "{}", k.name);
     }
     assert_eq!(registry::SM90_WG.threads, kernels_gpu::sm90::THREADS);
+    assert_eq!(registry::SM90_WG_D64.threads, kernels_gpu::sm90::THREADS);
     assert_eq!(
         registry::SM90_WG_PAIR.threads,
         kernels_gpu::sm90::PAIR.threads
     );
     assert_eq!(registry::STAGE1.threads, kernels_gpu::abi::STAGE1_THREADS);
+    assert_eq!(
+        registry::STAGE1_D64.threads,
+        kernels_gpu::abi::STAGE1_THREADS
+    );
     for k in registry::SM100_STAGE2 {
         // Compute and reduce warpgroups, K-load and MMA warps.
         assert_eq!(k.threads, (kernels_gpu::sm100::proto::MMA_WARP + 1) * 32);

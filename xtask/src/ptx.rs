@@ -423,8 +423,11 @@ fn dynamic_smem(kernel: &str) -> String {
         Param::Sm100Smoke => kernels_gpu::abi::SM100_SMOKE_SMEM,
         Param::Smoke => kernels_gpu::abi::SMOKE_SMEM_BYTES,
         Param::Tag => kernels_gpu::abi::WATCHDOG_PROBE_SMEM,
-        Param::Grad if *k == registry::STAGE1 => kernels_gpu::abi::STAGE1_SMEM,
+        Param::Grad if *k == registry::STAGE1 || *k == registry::STAGE1_D64 => {
+            kernels_gpu::abi::STAGE1_SMEM
+        }
         Param::Grad if *k == registry::SM90_WG => kernels_gpu::sm90::SMEM.bytes,
+        Param::Grad if *k == registry::SM90_WG_D64 => kernels_gpu::sm90::SMEM_D64.bytes,
         Param::Grad if *k == registry::SM90_WG_PAIR => kernels_gpu::sm90::PAIR.bytes,
         Param::Grad => {
             let row = SUPPORTED_HEADS

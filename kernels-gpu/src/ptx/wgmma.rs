@@ -194,7 +194,34 @@ pub unsafe fn issue_s_m64n32(acc: &mut [f32; 16], a: u64, b: u64) {
     }
 }
 
-/// `wgmma.wait_group 0` completing an [`issue_s_m64n32`]: `acc` holds the
+/// [`issue_s_m64n32`] over K = 64 (D = 64): four `m64n32k16` steps, A and
+/// B K-major, one 64-column swizzle block each (step `k` starts `32 k`
+/// bytes into a row). Complete it with [`wait_m64n32`].
+///
+/// # Safety
+/// As [`issue_s_m64n32`].
+#[inline(always)]
+pub unsafe fn issue_s_m64n32_k64(acc: &mut [f32; 16], a: u64, b: u64) {
+    // SAFETY: as `issue_s_m64n32`.
+    unsafe {
+        asm_acc16!(
+            acc,
+            [
+                open_chain!(),
+                mma!("m64n32k16", regs16!(), "{a}", "{b}", 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 2, "{b}", 2, 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 4, "{b}", 4, 0, 0),
+                step!("m64n32k16", regs16!(), "{a}", 6, "{b}", 6, 0, 0),
+                close_chain!(),
+            ],
+            a = in(reg64) a,
+            b = in(reg64) b,
+        )
+    }
+}
+
+/// `wgmma.wait_group 0` completing an [`issue_s_m64n32`] (or
+/// [`issue_s_m64n32_k64`]): `acc` holds the
 /// result afterwards.
 ///
 /// # Safety

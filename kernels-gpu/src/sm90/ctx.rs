@@ -13,7 +13,7 @@
 //! wgmma descriptors per thread and moved each to a uniform register
 //! before every wgmma, which slowed the paired kernel down).
 
-use super::{row_chunks, Pos, CHUNK, HEADS, PAIR, Q_BYTES, SMEM, THREADS};
+use super::{row_chunks, Pos, CHUNK, HEADS, PAIR, Q_BYTES, SMEM, SPLIT, THREADS};
 use crate::abi::GradParams;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{sreg, sync};
@@ -171,7 +171,8 @@ pub(super) struct Ctx<'a, const PAIRED: bool, const HALF: u32> {
     pub wide: bool,
     /// The f32 dK accumulator.
     pub dk: *mut f32,
-    /// This warpgroup's D columns for dQ and dK: `dcol0 .. dcol0 + 64`.
+    /// This warpgroup's D columns for dQ and dK: `dcol0 .. dcol0 + 64`
+    /// (D = 64: 0, the warpgroups split the products, `SPLIT`).
     pub dcol0: u32,
     /// Chunks of a whole row, `ceil(topk / CHUNK)`.
     pub nchunks: u32,
@@ -212,7 +213,8 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
         let sm_scale = p.sm_scale;
         let wide = ids_i64(p);
         let dk = p.dk_accum as *mut f32;
-        let dcol0 = wg * 64;
+        // D = 64 (`SPLIT`): each warpgroup's product covers all 64 columns.
+        let dcol0 = if SPLIT { 0 } else { wg * 64 };
         // Index arithmetic in u32: the host checks B*S_q*topk < 2^32
         // (`super::supports`).
         let nchunks = topk.div_ceil(CHUNK);

@@ -1,12 +1,15 @@
 //! The `wgmma` products of the wgmma kernels (each a whole warpgroup's):
 //! S = q K^T of a chunk for the warpgroup's 32 slots (issued without
 //! waiting, waited for an item later), dQ += dS K and dK = dS^T q for its
-//! 64 D columns, and the paired kernel's fused dK of both rows. Both
+//! 64 D columns (D = 64, `SPLIT`: warpgroup 0 the whole dQ, warpgroup 1
+//! the whole dK), and the paired kernel's fused dK of both rows. Both
 //! operands are read from 128-byte-swizzled shared memory (layout and
 //! descriptors in `super`).
 
 use super::ctx::Ctx;
-use super::{desc, Pos, ATOM_BYTES, K_BLOCK, K_BYTES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM};
+use super::{
+    desc, Pos, ATOM_BYTES, DIM, K_BLOCK, K_BYTES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, SPLIT,
+};
 use crate::ptx::smem::SmemAddr;
 use crate::ptx::wgmma;
 
@@ -24,7 +27,14 @@ pub(super) fn issue_s<const PAIRED: bool, const HALF: u32>(
     *s = [0.0; 16];
     // SAFETY: whole warpgroup; q and the chunk's K rows complete,
     // fenced and behind a barrier; `s` is waited for before any use.
-    unsafe { wgmma::issue_s_m64n32(s, da, db) };
+    // D = 64: one swizzle block of each, four K steps.
+    unsafe {
+        if DIM == 64 {
+            wgmma::issue_s_m64n32_k64(s, da, db)
+        } else {
+            wgmma::issue_s_m64n32(s, da, db)
+        }
+    };
 }
 
 /// Waits for the S issued into `s`.
@@ -38,7 +48,8 @@ pub(super) unsafe fn wait_s(s: &mut [f32; 16]) {
 }
 
 /// dQ += dS K (A = dS K-major: heads x slots; B = K chunk `kb` MN-major:
-/// slots x this warpgroup's 64 D columns).
+/// slots x this warpgroup's 64 D columns). D = 64 (`SPLIT`): warpgroup 0
+/// only, on the chunk's one block (warpgroup 1 computes dK meanwhile).
 ///
 /// # Safety
 /// Whole warpgroup; dS fenced and behind barrier B2; the K chunk and q
@@ -49,10 +60,15 @@ pub(super) unsafe fn dq<const PAIRED: bool, const HALF: u32>(
     acc_q: &mut [f32; 32],
     kb: SmemAddr,
 ) {
-    // SAFETY: the caller's contract.
+    if SPLIT && c.wg != 0 {
+        return;
+    }
+    // The warpgroup's column block (D = 64: the only one).
+    let blk = if SPLIT { 0 } else { c.wg };
+    // SAFETY: the caller's contract (a whole warpgroup takes the branch).
     unsafe {
         let da = desc(c.sds.0, 16, ATOM_BYTES);
-        let db = desc(kb.0 + c.wg * K_BLOCK, K_BLOCK, ATOM_BYTES);
+        let db = desc(kb.0 + blk * K_BLOCK, K_BLOCK, ATOM_BYTES);
         wgmma::dq_m64n64(acc_q, da, db);
     }
 }
@@ -62,7 +78,8 @@ pub(super) unsafe fn dq<const PAIRED: bool, const HALF: u32>(
 /// Paired, fused item (`fused`: `Some(half that computes)`): the half that
 /// computes takes both rows as one product over 128 heads (`[dS_a;
 /// dS_b]^T [q_a; q_b]`), the other computes nothing; `stages` says
-/// whether this half computes (and stages) it.
+/// whether this half computes (and stages) it. D = 64 (`SPLIT`):
+/// warpgroup 1 only, on the q tile's one block.
 ///
 /// # Safety
 /// As [`dq`]; a fused product also reads the other half's dS and q tiles,
@@ -77,8 +94,11 @@ pub(super) unsafe fn dk<const PAIRED: bool, const HALF: u32>(
     fused: Option<u32>,
     stages: bool,
 ) {
-    let (l, wg) = (SMEM, c.wg);
-    // SAFETY: the caller's contract.
+    if SPLIT && c.wg != 1 {
+        return;
+    }
+    let (l, wg) = (SMEM, if SPLIT { 0 } else { c.wg });
+    // SAFETY: the caller's contract (a whole warpgroup takes the branch).
     unsafe {
         let da = desc(c.sds.0, K_BLOCK, ATOM_BYTES);
         let db = desc(sq.0 + wg * Q_BLOCK, Q_BLOCK, ATOM_BYTES);

@@ -13,9 +13,20 @@
 //! `r` XORed with `r % 8`. The same bytes serve as a K-major operand (rows
 //! along M/N, 64 elements of K per row) and as an MN-major one (rows along
 //! K, 64 elements of M/N per row), so no tile is ever transposed:
-//! - `q`: blocks of `HEADS` rows (a head each) x 64 of D; two blocks for D = 128.
-//! - K chunk: blocks of `CHUNK` rows (a slot each) x 64 of D; two per buffer.
+//! - `q`: blocks of `HEADS` rows (a head each) x 64 of D; two blocks for
+//!   D = 128, one for D = 64.
+//! - K chunk: blocks of `CHUNK` rows (a slot each) x 64 of D; two per buffer
+//!   for D = 128, one for D = 64.
 //! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
+//!
+//! The row kernel exists for D = 128 ([`WG_KERNEL`]) and D = 64
+//! ([`WG_D64_KERNEL`]); each has its layout ([`smem`]), derived from D by
+//! const arithmetic. The role modules read D and the D-dependent sizes
+//! (`DIM`, `Q_BYTES`, `K_BYTES`, `DK_STRIDE`, `SMEM`, `SPLIT`) from their
+//! parent: this module for D = 128, and `d64`, which compiles the same
+//! source files a second time as its own children, for D = 64 (plain
+//! constants, so the D = 128 kernels compile as before). The paired kernel
+//! is D = 128 only.
 
 mod sched;
 
@@ -23,6 +34,10 @@ mod sched;
 // context and named barriers (`ctx`), one module per role.
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod ctx;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod d64;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod entry;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod gate;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
@@ -42,6 +57,10 @@ pub use sched::{grid, pair_grid, row_chunks, Pos, Walk, SKIP_MIN_TOPK};
 
 /// PTX entry name of the wgmma row kernel (sm_90a PTX only).
 pub const WG_KERNEL: &str = crate::registry::SM90_WG.name;
+/// PTX entry name of the wgmma row kernel for D = 64 (sm_90a PTX only):
+/// the same body as [`WG_KERNEL`] on [`SMEM_D64`], the two warpgroups
+/// splitting the products instead of the D columns (`SPLIT`).
+pub const WG_D64_KERNEL: &str = crate::registry::SM90_WG_D64.name;
 /// PTX entry name of the paired wgmma kernel (sm_90a PTX only): one CTA
 /// per SM of two halves, each half the row kernel's two warpgroups on its
 /// own copy of [`SMEM`], walking rows `2 p` and `2 p + 1` of the same pairs
@@ -51,8 +70,11 @@ pub const WG_PAIR_KERNEL: &str = crate::registry::SM90_WG_PAIR.name;
 
 /// Heads of the wgmma kernel (the M = 64 of one warpgroup MMA).
 pub const HEADS: u32 = 64;
-/// Head dimension of the wgmma kernel.
+/// Head dimension of the paired kernel and of [`WG_KERNEL`].
 pub const DIM: u32 = 128;
+/// Head dimensions of the wgmma row kernels ([`WG_KERNEL`],
+/// [`WG_D64_KERNEL`]).
+pub const DIMS: [u32; 2] = [DIM, 64];
 /// Slots per chunk (the N of S, the K of dQ, the M of dK).
 pub const CHUNK: u32 = 64;
 /// Threads per CTA: two warpgroups.
@@ -74,18 +96,44 @@ pub const DK_PAD: u32 = 8;
 /// Bytes reserved to align the start of dynamic shared memory to 1024.
 pub const ALIGN_SLACK: u32 = 1024;
 
-/// Bytes of the `q` tile.
-pub const Q_BYTES: u32 = HEADS * DIM * 2;
-/// Bytes of one K chunk buffer.
-pub const K_BYTES: u32 = CHUNK * DIM * 2;
+/// Bytes of the `q` tile (D = 128).
+pub const Q_BYTES: u32 = q_bytes(DIM);
+/// Bytes of one K chunk buffer (D = 128).
+pub const K_BYTES: u32 = k_bytes(DIM);
 /// Bytes of one column block (64 of D) of a K chunk buffer.
 pub const K_BLOCK: u32 = CHUNK * ROW_BYTES;
 /// Bytes of one column block (64 of D) of the q tile.
 pub const Q_BLOCK: u32 = HEADS * ROW_BYTES;
 /// Bytes of the dS tile.
 pub const DS_BYTES: u32 = HEADS * CHUNK * 2;
-/// Bytes per staged dK row.
-pub const DK_STRIDE: u32 = (DIM + DK_PAD) * 4;
+/// Bytes per staged dK row (D = 128).
+pub const DK_STRIDE: u32 = dk_stride(DIM);
+
+/// Bytes of the `q` tile for head dimension `d`.
+pub const fn q_bytes(d: u32) -> u32 {
+    HEADS * d * 2
+}
+/// Bytes of one K chunk buffer for head dimension `d`.
+pub const fn k_bytes(d: u32) -> u32 {
+    CHUNK * d * 2
+}
+/// Bytes per staged dK row for head dimension `d` (a stride of 8 banks
+/// mod 32 for both dimensions: 136 and 72 words).
+pub const fn dk_stride(d: u32) -> u32 {
+    (d + DK_PAD) * 4
+}
+
+/// How the two warpgroups share a chunk's dQ and dK products in the role
+/// modules compiled here (D = 128): each takes 64 of the D columns of both.
+/// `d64` compiles them again with `SPLIT = true`: warpgroup 0 computes dQ
+/// (and stores d_index_q), warpgroup 1 computes and stages dK, each over
+/// all 64 columns, so both use the D = 128 kernel's `m64n64k16` chains and
+/// descriptors on whole swizzle blocks.
+#[cfg_attr(
+    not(all(target_arch = "nvptx64", kernels_arch = "sm_90a")),
+    allow(dead_code)
+)]
+const SPLIT: bool = false;
 
 /// Bytes per slot of a raw-id set: room for an i64 id.
 pub const IDS_SLOT_BYTES: u32 = 8;
@@ -124,13 +172,19 @@ pub struct WgSmem {
     pub bytes: u32,
 }
 
-/// The layout (all tiles 1024-byte aligned).
-pub const SMEM: WgSmem = {
+/// The layout for D = 128 (all tiles 1024-byte aligned).
+pub const SMEM: WgSmem = smem(DIM);
+/// The layout for D = 64 (q, K and the dK staging half as wide).
+pub const SMEM_D64: WgSmem = smem(64);
+
+/// The layout for head dimension `d` (64 or 128): every tile a whole number
+/// of 1024-byte swizzle blocks from the aligned base.
+pub const fn smem(d: u32) -> WgSmem {
     let q = 0;
-    let k = q + 2 * Q_BYTES;
-    let ds = k + 2 * K_BYTES;
+    let k = q + 2 * q_bytes(d);
+    let ds = k + 2 * k_bytes(d);
     let dk = ds + DS_BYTES;
-    let gs = dk + CHUNK * DK_STRIDE;
+    let gs = dk + CHUNK * dk_stride(d);
     let rows = gs + 2 * CHUNK * 4;
     let ids = rows + 2 * CHUNK * 4;
     let red_rows = ids + 2 * CHUNK * IDS_SLOT_BYTES;
@@ -151,7 +205,41 @@ pub const SMEM: WgSmem = {
         used,
         bytes: used + ALIGN_SLACK,
     }
-};
+}
+
+/// The kernels of the wgmma path for one head dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgRow {
+    /// The wgmma row kernel ([`WG_KERNEL`] or [`WG_D64_KERNEL`]).
+    pub kernel: &'static str,
+    /// The stage-1 kernel launched ahead of it (zeroing a `B*S_k*D`
+    /// accumulator).
+    pub stage1: &'static str,
+    /// The row kernel's layout ([`smem`] of its D).
+    pub smem: WgSmem,
+    /// Whether the paired kernel exists for this dimension (D = 128).
+    pub paired: bool,
+}
+
+/// The wgmma path's kernels for head dimension `dim`, or `None` for a
+/// dimension it does not take (every one but 64 and 128).
+pub const fn row_kernel(dim: u32) -> Option<WgRow> {
+    match dim {
+        DIM => Some(WgRow {
+            kernel: WG_KERNEL,
+            stage1: crate::registry::STAGE1.name,
+            smem: SMEM,
+            paired: true,
+        }),
+        64 => Some(WgRow {
+            kernel: WG_D64_KERNEL,
+            stage1: crate::registry::STAGE1_D64.name,
+            smem: SMEM_D64,
+            paired: false,
+        }),
+        _ => None,
+    }
+}
 
 /// Resident CTAs per SM the kernel is built for (launch bounds).
 pub const CTAS_PER_SM: u32 = 2;
@@ -160,6 +248,13 @@ pub const CTAS_PER_SM: u32 = 2;
 const _: () = assert!(crate::registry::SM90_WG.threads == THREADS);
 const _: () = assert!(matches!(
     crate::registry::SM90_WG.bounds,
+    crate::registry::Bounds::Exact {
+        min_ctas: CTAS_PER_SM
+    }
+));
+const _: () = assert!(crate::registry::SM90_WG_D64.threads == THREADS);
+const _: () = assert!(matches!(
+    crate::registry::SM90_WG_D64.bounds,
     crate::registry::Bounds::Exact {
         min_ctas: CTAS_PER_SM
     }
@@ -305,17 +400,36 @@ const SMEM_PER_SM: u32 = 228 * 1024;
 /// Shared memory the driver reserves per CTA.
 const SMEM_RESERVED_PER_CTA: u32 = 1024;
 
-// CTAS_PER_SM CTAs per SM (launch bounds) must fit.
+// CTAS_PER_SM CTAs per SM (launch bounds) must fit, for both dimensions.
 const _: () = assert!(CTAS_PER_SM * (SMEM.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
+const _: () = assert!(CTAS_PER_SM * (SMEM_D64.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
 // One paired CTA per SM must fit, its halves 1024-byte aligned.
 const _: () = assert!(PAIR.bytes + SMEM_RESERVED_PER_CTA <= SMEM_PER_SM);
 const _: () = assert!(PAIR.half_stride.is_multiple_of(1024) && PAIR.half_stride >= SMEM.used);
 // Operand tiles start on swizzle-pattern boundaries.
+const fn layout_ok(d: u32) -> bool {
+    let l = smem(d);
+    l.q.is_multiple_of(1024)
+        && l.k.is_multiple_of(1024)
+        && l.ds.is_multiple_of(1024)
+        && q_bytes(d).is_multiple_of(1024)
+        && k_bytes(d).is_multiple_of(1024)
+        && l.dk.is_multiple_of(16)
+        && dk_stride(d).is_multiple_of(16)
+        // Whole 64-column swizzle blocks of D.
+        && d.is_multiple_of(ROW_ELEMS)
+        && d / ROW_ELEMS <= WARPGROUPS
+}
 const _: () = {
-    assert!(SMEM.q.is_multiple_of(1024) && SMEM.k.is_multiple_of(1024));
-    assert!(SMEM.ds.is_multiple_of(1024) && K_BYTES.is_multiple_of(1024));
+    assert!(layout_ok(DIM) && layout_ok(64));
     assert!(K_BLOCK.is_multiple_of(1024) && Q_BLOCK.is_multiple_of(1024));
-    assert!(SMEM.dk.is_multiple_of(16) && DK_STRIDE.is_multiple_of(16));
+    // The D = 64 tiles are one swizzle block each.
+    assert!(q_bytes(64) == Q_BLOCK && k_bytes(64) == K_BLOCK);
+    // The gather gives each thread the same number of K vectors.
+    assert!((CHUNK * DIM / 8).is_multiple_of(THREADS));
+    assert!((CHUNK * 64 / 8).is_multiple_of(THREADS));
+    // Bank spread of the staged dK rows: 8 banks mod 32.
+    assert!(dk_stride(DIM) / 4 % 32 == 8 && dk_stride(64) / 4 % 32 == 8);
 };
 // The stage-1 chunk count is in this kernel's chunks and heads.
 const _: () = assert!(crate::abi::ROW_CHUNK_SLOTS == CHUNK && crate::abi::ROW_CHUNK_HEADS == HEADS);
@@ -437,6 +551,175 @@ mod tests {
             topk
         ));
         assert!(!ids_pair_up(&ragged[..10], rows, topk));
+    }
+
+    /// The tensor cores' view of a 128-byte-swizzled operand (PTX ISA,
+    /// "Shared Memory Matrix Layout", 128B swizzle mode): the unswizzled
+    /// byte address, with the 16-byte chunk bits 4-6 XORed with the row
+    /// bits 7-9 of the address (absolute: the tiles are 1024-aligned).
+    fn hw_swizzle(addr: u32) -> u32 {
+        addr ^ (((addr >> 7) & 7) << 4)
+    }
+
+    /// Address the hardware reads for element (`r` along M/N, `e` along K,
+    /// `e < 16`) of one K step of a K-major operand described by `d`.
+    fn k_major(d: u64, r: u32, e: u32) -> u32 {
+        let start = ((d & 0x3FFF) << 4) as u32;
+        let sbo = (((d >> 32) & 0x3FFF) << 4) as u32;
+        hw_swizzle(start + (r / 8) * sbo + (r % 8) * ROW_BYTES + 2 * e)
+    }
+
+    /// Address the hardware reads for element (`k` along K, `k < 16`, `n`
+    /// along M/N) of one K step of an MN-major operand described by `d`.
+    fn mn_major(d: u64, k: u32, n: u32) -> u32 {
+        let start = ((d & 0x3FFF) << 4) as u32;
+        let lbo = (((d >> 16) & 0x3FFF) << 4) as u32;
+        let sbo = (((d >> 32) & 0x3FFF) << 4) as u32;
+        hw_swizzle(start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * ROW_BYTES + 2 * (n % 64))
+    }
+
+    /// Where the kernel writes element (`r`, `col`) of a tile at `base` of
+    /// 64-column swizzle blocks `block` bytes apart (`load`, `gate`).
+    fn tile(base: u32, block: u32, r: u32, col: u32) -> u32 {
+        base + (col / 64) * block + swizzle(r, (col % 64) * 2)
+    }
+
+    /// `desc` with its start advanced by `units` of 16 bytes, as the
+    /// wgmma wrappers step K.
+    fn step(d: u64, units: u64) -> u64 {
+        d + units
+    }
+
+    /// The kernel's descriptors and the wrappers' K steps (in 16-byte
+    /// units, `ptx::wgmma`) address every operand element where the tiles
+    /// hold it, for D = 128 (validated on the H200) and D = 64: S = q K^T
+    /// (both K-major, K = D), dQ = dS K (dS K-major, K MN-major, K =
+    /// slots), dK = dS^T q (both MN-major, K = heads). D = 64 uses one
+    /// column block (`SPLIT`: one warpgroup per product, block 0).
+    #[test]
+    fn descriptors_address_the_tiles_for_both_head_dims() {
+        const S_STEPS_128: [u64; 8] = [0, 2, 4, 6, 512, 514, 516, 518];
+        // (Also the K-major A steps of dQ: 32 bytes each.)
+        const S_STEPS_64: [u64; 4] = [0, 2, 4, 6];
+        const MN_STEPS: [u64; 4] = [0, 128, 256, 384];
+        for (dim, l, s_steps) in [
+            (128u32, SMEM, &S_STEPS_128[..]),
+            (64, SMEM_D64, &S_STEPS_64[..]),
+        ] {
+            assert_eq!(s_steps.len() as u32 * MMA_K, dim);
+            // Row kernel base 0 and a second, 1024-aligned one.
+            for base in [0u32, 3 * 1024] {
+                let (q, k, ds) = (
+                    base + l.q + q_bytes(dim),
+                    base + l.k + k_bytes(dim),
+                    base + l.ds,
+                );
+                // Column blocks per warpgroup: D = 128 one each; D = 64
+                // block 0 for the one that computes.
+                let blocks: &[u32] = if dim == 128 { &[0, 1] } else { &[0] };
+                for wg in 0..WARPGROUPS {
+                    // S: q (heads x D) against this warpgroup's 32 slots.
+                    let da = desc(q, 16, ATOM_BYTES);
+                    let db = desc(k + wg * 32 * ROW_BYTES, 16, ATOM_BYTES);
+                    for (st, &u) in s_steps.iter().enumerate() {
+                        let kk = st as u32 * MMA_K;
+                        for e in 0..MMA_K {
+                            for h in 0..HEADS {
+                                assert_eq!(
+                                    k_major(step(da, u), h, e),
+                                    tile(q, Q_BLOCK, h, kk + e),
+                                    "S A D={dim} h={h} d={}",
+                                    kk + e
+                                );
+                            }
+                            for s in 0..32 {
+                                assert_eq!(
+                                    k_major(step(db, u), s, e),
+                                    tile(k, K_BLOCK, 32 * wg + s, kk + e),
+                                    "S B D={dim} slot={s}"
+                                );
+                            }
+                        }
+                    }
+                }
+                for &blk in blocks {
+                    // dQ: A = dS (heads x slots) K-major, B = K MN-major.
+                    let da = desc(ds, 16, ATOM_BYTES);
+                    let db = desc(k + blk * K_BLOCK, K_BLOCK, ATOM_BYTES);
+                    // dK: A = dS MN-major (slots along M), B = q MN-major.
+                    let ka = desc(ds, K_BLOCK, ATOM_BYTES);
+                    let kb = desc(q + blk * Q_BLOCK, Q_BLOCK, ATOM_BYTES);
+                    for (st, &u) in MN_STEPS.iter().enumerate() {
+                        let kk = st as u32 * MMA_K;
+                        for e in 0..MMA_K {
+                            for n in 0..64 {
+                                let col = 64 * blk + n;
+                                assert_eq!(
+                                    k_major(step(da, S_STEPS_64[st]), n, e),
+                                    tile(ds, K_BLOCK, n, kk + e),
+                                    "dQ A"
+                                );
+                                assert_eq!(
+                                    mn_major(step(db, u), e, col - 64 * blk),
+                                    tile(k, K_BLOCK, kk + e, col),
+                                    "dQ B D={dim} slot={} col={col}",
+                                    kk + e
+                                );
+                                assert_eq!(
+                                    mn_major(step(ka, u), e, n),
+                                    tile(ds, K_BLOCK, kk + e, n),
+                                    "dK A"
+                                );
+                                assert_eq!(
+                                    mn_major(step(kb, u), e, col - 64 * blk),
+                                    tile(q, Q_BLOCK, kk + e, col),
+                                    "dK B D={dim} head={} col={col}",
+                                    kk + e
+                                );
+                            }
+                        }
+                    }
+                }
+                // Every product stays inside its tiles: the last K step's
+                // last row ends inside q / the K buffer.
+                assert!(tile(q, Q_BLOCK, HEADS - 1, dim - 1) < q + q_bytes(dim));
+                assert!(tile(k, K_BLOCK, CHUNK - 1, dim - 1) < k + k_bytes(dim));
+            }
+        }
+    }
+
+    #[test]
+    fn d64_layout_is_half_as_wide_and_fits_two_ctas() {
+        let (l, w) = (SMEM_D64, SMEM);
+        let offs = [
+            l.q, l.k, l.ds, l.dk, l.gs, l.rows, l.ids, l.red_rows, l.w, l.red, l.used,
+        ];
+        assert!(offs.windows(2).all(|p| p[0] < p[1]), "{l:?}");
+        assert!(offs.iter().all(|o| o.is_multiple_of(16)), "{l:?}");
+        // One swizzle block per q tile and K buffer; two of each.
+        assert_eq!(
+            (l.q, l.k, l.ds),
+            (0, 2 * Q_BLOCK, 2 * Q_BLOCK + 2 * K_BLOCK)
+        );
+        assert_eq!(l.k - l.q, (w.k - w.q) / 2);
+        assert_eq!(l.dk - l.ds, HEADS * CHUNK * 2);
+        // Staged dK rows of 64 + 8 f32.
+        assert_eq!(l.gs - l.dk, CHUNK * 72 * 4);
+        // Slot data, weights and partials as for D = 128.
+        assert_eq!(l.used - l.gs, w.used - w.gs);
+        assert_eq!((l.used, l.bytes), (64_256, 65_280));
+        assert!(CTAS_PER_SM * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
+        // The kernels of each dimension.
+        let (a, b) = (row_kernel(128).unwrap(), row_kernel(64).unwrap());
+        assert_eq!((a.kernel, a.smem, a.paired), (WG_KERNEL, SMEM, true));
+        assert_eq!(
+            (b.kernel, b.smem, b.paired),
+            (WG_D64_KERNEL, SMEM_D64, false)
+        );
+        assert_eq!(a.stage1, crate::registry::STAGE1.name);
+        assert_eq!(b.stage1, "indexer_score_grad_d64");
+        assert!(row_kernel(96).is_none() && row_kernel(256).is_none());
+        assert_eq!(DIMS, [128, 64]);
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! MMA fragments). In the paired kernel also the pair fusion: where both
 //! halves' rows select the same key in a slot, that slot is reduced once,
 //! as the sum of both staged rows; a fused item (every slot the same) has
-//! one staging, of the summed product.
+//! one staging, of the summed product. D = 64 (`SPLIT`): warpgroup 1
+//! stages the whole dK, and each warp instruction reduces two 256-byte
+//! staged rows, one per half-warp.
 
 use super::ctx::Ctx;
-use super::{CHUNK, DIM, DK_STRIDE, SMEM, THREADS};
+use super::{CHUNK, DIM, DK_STRIDE, SMEM, SPLIT, THREADS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{global, sreg};
 
@@ -48,13 +50,16 @@ pub(super) unsafe fn stage<const PAIRED: bool, const HALF: u32>(
     // SAFETY: each thread writes its own fragment elements (distinct
     // (slot, column) pairs); the caller's contract.
     unsafe {
-        for j in 0..8u32 {
-            for half in 0..2u32 {
-                let slot = 16 * wi + g + 8 * half;
-                let col = c.dcol0 + 8 * j + c.c;
-                let r = (4 * j + 2 * half) as usize;
-                let at = c.sdk.add(slot * DK_STRIDE + col * 4);
-                smem::st_v2_f32(at, kacc[r] * sm_scale, kacc[r + 1] * sm_scale);
+        // D = 64: only warpgroup 1 computed dK (`mma::dk`).
+        if !SPLIT || c.wg == 1 {
+            for j in 0..8u32 {
+                for half in 0..2u32 {
+                    let slot = 16 * wi + g + 8 * half;
+                    let col = c.dcol0 + 8 * j + c.c;
+                    let r = (4 * j + 2 * half) as usize;
+                    let at = c.sdk.add(slot * DK_STRIDE + col * 4);
+                    smem::st_v2_f32(at, kacc[r] * sm_scale, kacc[r + 1] * sm_scale);
+                }
             }
         }
         if tid < CHUNK {
@@ -100,6 +105,28 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
     // serialize.
     let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
     let slot_at = |i: u32| warp * ROWS_PER_WARP + (i ^ x);
+    if SPLIT {
+        // D = 64 (row kernel only): half-warp `lane / 16` takes row
+        // `i + lane / 16` of each pair (`lo`, `hi` even; the XOR maps pairs
+        // to pairs), 16 lanes x 16 bytes a row.
+        let (sub, col) = (lane / 16, lane % 16);
+        let mut i = lo;
+        while i < hi {
+            let slot = slot_at(i + sub);
+            // SAFETY: as below: the staged row and its key row are
+            // complete (barrier M); a valid key row lies inside the
+            // (B*S_k, D) accumulator, 16-byte aligned.
+            unsafe {
+                let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
+                if r >= 0 {
+                    let v = smem::ld_v4_f32(sdk.add(slot * DK_STRIDE + col * 16));
+                    global::red_add_v4_f32(dk.add(r as usize * D + col as usize * 4), v);
+                }
+            }
+            i += 2;
+        }
+        return;
+    }
     // Fused: a half reduces the slots of its groups of four, and the
     // calls cover whole groups (RED_FIRST is 0, 4 or 8), so a call on
     // the other half's group has nothing to do.

@@ -3,13 +3,14 @@
 //! and warps in a fixed order, so both outputs are bitwise reproducible).
 
 use super::ctx::Ctx;
-use super::{DIM, HEADS, THREADS};
+use super::{DIM, HEADS, SPLIT, THREADS};
 use crate::abi::FLAG_DW_F32;
 use crate::ptx::{cvt, smem, sync};
 
 /// Stores d_index_q of query row `row` from this thread's dQ accumulators
 /// and parks its d_weights partials (`dw`, summed over the lanes of each
-/// quad) in shared memory for [`sum_dw`]; clears both.
+/// quad) in shared memory for [`sum_dw`]; clears both. D = 64 (`SPLIT`):
+/// only warpgroup 0 holds dQ and stores it.
 ///
 /// # Safety
 /// Full warps (the shuffles), uniform control flow; the partials' region
@@ -24,20 +25,23 @@ pub(super) unsafe fn store_dq_park_dw<const PAIRED: bool, const HALF: u32>(
     const H: usize = HEADS as usize;
     const D: usize = DIM as usize;
     let (p, wi, g, sm_scale) = (c.p, c.wi, c.g, c.sm_scale);
-    // This thread's first (head, column) pair of the row; the others
-    // are constant offsets from it (keeps one live address).
-    let dq = (p.d_index_q as *mut u32)
-        .wrapping_add((row * H * D + (16 * wi + g) as usize * D + (c.dcol0 + c.c) as usize) / 2);
-    let mut packed = [0u32; 16];
-    for (i, w) in packed.iter_mut().enumerate() {
-        *w = cvt::pack_bf16x2(acc_q[2 * i] * sm_scale, acc_q[2 * i + 1] * sm_scale);
-    }
-    for j in 0..8usize {
-        for half in 0..2usize {
-            // Register 4j + 2half holds (head 16 wi + g + 8 half,
-            // column dcol0 + 8j + c).
-            // SAFETY: inside this row's H x D block; the column is even.
-            unsafe { *dq.add(half * 8 * D / 2 + 4 * j) = packed[2 * j + half] };
+    if !SPLIT || c.wg == 0 {
+        // This thread's first (head, column) pair of the row; the others
+        // are constant offsets from it (keeps one live address).
+        let dq = (p.d_index_q as *mut u32).wrapping_add(
+            (row * H * D + (16 * wi + g) as usize * D + (c.dcol0 + c.c) as usize) / 2,
+        );
+        let mut packed = [0u32; 16];
+        for (i, w) in packed.iter_mut().enumerate() {
+            *w = cvt::pack_bf16x2(acc_q[2 * i] * sm_scale, acc_q[2 * i + 1] * sm_scale);
+        }
+        for j in 0..8usize {
+            for half in 0..2usize {
+                // Register 4j + 2half holds (head 16 wi + g + 8 half,
+                // column dcol0 + 8j + c).
+                // SAFETY: inside this row's H x D block; the column is even.
+                unsafe { *dq.add(half * 8 * D / 2 + 4 * j) = packed[2 * j + half] };
+            }
         }
     }
     *acc_q = [0.0; 32];

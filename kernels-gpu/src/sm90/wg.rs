@@ -1,5 +1,7 @@
 //! The persistent warpgroup-MMA stage-2 kernel of the Hopper fast path
-//! (sm_90a, H = 64, D = 128): [`super::grid`] CTAs of two warpgroups, each
+//! (sm_90a, H = 64, D = 128; compiled again for D = 64 by `super::d64`,
+//! whose constants the role modules then read): [`super::grid`] CTAs of
+//! two warpgroups, each
 //! walking its rows `cta, cta + grid, ...` as one flat sequence of 64-slot
 //! chunks, so the next row's q tile, key rows and first K rows are loaded
 //! while the current row finishes. K rows are gathered by `cp.async` two
@@ -40,11 +42,14 @@
 //!
 //! Work split per chunk: warpgroup `wg` computes S for slots
 //! `32 wg .. 32 wg + 32` (all 64 heads), then dQ and dK for the D columns
-//! `64 wg .. 64 wg + 64`. Every sum feeding d_index_q and d_weights runs in
+//! `64 wg .. 64 wg + 64`; with D = 64 (`SPLIT`) warpgroup 0 computes dQ
+//! and warpgroup 1 dK, each over all 64 columns, and only warpgroup 1
+//! stages dK. Every sum feeding d_index_q and d_weights runs in
 //! a fixed order, so those outputs are bitwise reproducible; only d_index_k
 //! is accumulated by reductions.
 //!
-//! This module is the kernel: the entries, the prologue and the order of
+//! This module is the kernel: the body (entries in `super::entry` and
+//! `super::d64`), the prologue and the order of
 //! one item's steps; the steps are the roles' (one module each, all given
 //! the kernel's context `ctx::Ctx`, the named barriers `ctx::Bar`): `load`
 //! (chunk counts, key ids and rows, the K gather, slot data, q and
@@ -67,13 +72,13 @@ use super::ctx::{Bar, Ctx};
 use super::gate::{gate, wait_s_and_inputs};
 use super::load::{fetch, first_id, gather, load_count, load_row, put_row, raw_id};
 use super::mma::{dk, dq, issue_s, wait_s};
-use super::pair::{dispatch, read_votes, vote};
+use super::pair::{read_votes, vote};
 use super::reduce::{reduce_rows, stage, RED_FIRST, ROWS_PER_WARP};
 use super::row_end::{store_dq_park_dw, sum_dw};
-use super::{Pos, Walk, CHUNK, K_BYTES, SMEM, THREADS};
+use super::{Pos, Walk, CHUNK, K_BYTES, SMEM};
 use crate::abi::GradParams;
 use crate::ptx::smem;
-use crate::ptx::{bulk, cp_async, griddep, sreg};
+use crate::ptx::{bulk, cp_async, griddep};
 use crate::sched::PipeState;
 
 /// What the item loop carries from one item to the next.
@@ -100,7 +105,8 @@ struct State {
 ///
 /// # Safety
 /// Launched with [`THREADS`] threads, `super::grid(B * S_q, SMs)` CTAs,
-/// `SMEM.bytes` of dynamic shared memory, `H = 64`, `D = 128`,
+/// `SMEM.bytes` of dynamic shared memory, `H = 64`, `D = DIM` (the
+/// parent's: 128, or 64 in `super::d64`'s copy),
 /// `super::supports(B * S_q, topk)`, as the programmatic dependent of
 /// `super::stage1` on the same parameters (or after it completed), and a
 /// `GradParams` whose pointers and sizes the host has validated.
@@ -119,7 +125,7 @@ struct State {
 /// `go`: whether this kernel computes (the verdict of `pair::dispatch`); a
 /// CTA of the kernel the test did not pick has no rows.
 #[inline(always)]
-unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) {
+pub(super) unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) {
     // Items: this CTA's rows x their chunks, in order (`Pos`). Each row
     // runs `row_chunks` chunks: with FLAG_ROW_CHUNKS the stage-1 count
     // (trailing all-padding chunks, whose gradients are exactly zero, are
@@ -413,39 +419,5 @@ unsafe fn next_items<const PAIRED: bool, const HALF: u32>(
     fetch(c, st.walk.pos(it + 3), 1 - set, ahead2, set);
     if ch == 0 {
         st.n_pending = load_count(c, k + 2);
-    }
-}
-
-/// Persistent warpgroup-MMA stage-2 kernel for H = 64, D = 128; see
-/// [`stage2`] for the launch contract.
-///
-/// # Safety
-/// As [`stage2`].
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h64_d128(p: GradParams) {
-    // SAFETY: forwarded launch contract; the whole CTA runs the test.
-    unsafe {
-        let go = dispatch::<false>(&p);
-        stage2::<false, 0>(&p, go)
-    }
-}
-
-/// Paired persistent warpgroup-MMA stage-2 kernel for H = 64, D = 128 (two
-/// rows per CTA in step, shared key rows reduced once); see [`stage2`] for
-/// the launch contract.
-///
-/// # Safety
-/// As [`stage2`] with `PAIRED`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_pair_h64_d128(p: GradParams) {
-    // SAFETY: forwarded launch contract; the whole CTA runs the test
-    // before the halves split.
-    unsafe {
-        let go = dispatch::<true>(&p);
-        if sreg::thread_idx_x() < THREADS {
-            stage2::<true, 0>(&p, go)
-        } else {
-            stage2::<true, 1>(&p, go)
-        }
     }
 }
