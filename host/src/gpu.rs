@@ -261,7 +261,12 @@ mod tests {
             {
                 assert!(entry(m, k.name), "{m:?} lacks {}", k.name);
             }
-            for k in [registry::SM90_WG, registry::SM90_WG_PAIR] {
+            for k in [
+                registry::SM90_WG,
+                registry::SM90_WG_D64,
+                registry::SM90_WG_PAIR,
+                registry::STAGE1_D64,
+            ] {
                 assert_eq!(k.targets, Targets::SM90A);
                 assert_eq!(entry(m, k.name), m.has_wgmma(), "{m:?} {}", k.name);
             }

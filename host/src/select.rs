@@ -52,8 +52,8 @@ pub struct Selection {
 /// | any other >= 9.0 (11.0, 12.0, 12.1, ...) | `sm_90` (portable, JIT-compiled) | row kernels | row kernels | [`Error::BackendUnavailable`] |
 ///
 /// "Row kernels" are the `mma.sync` kernels (one CTA per query row), which
-/// every module holds; the wgmma fast path (H = 64, D = 128, topk > 64) is
-/// in the `sm_90a` module only.
+/// every module holds; the wgmma fast path (H = 64, D = 128 or 64,
+/// topk > 64) is in the `sm_90a` module only.
 pub fn select(major: i32, minor: i32, shape: &Shape, requested: Backend) -> Result<Selection> {
     select_with(major, minor, shape, requested, TCGEN05_VALIDATED)
 }
@@ -118,13 +118,22 @@ fn select_with(
     };
     let wgmma = backend == Backend::Hopper
         && module.has_wgmma()
-        && (shape.heads, shape.head_dim) == (sm90::HEADS as usize, sm90::DIM as usize)
+        && shape.heads == sm90::HEADS as usize
+        && wg_row(shape).is_some()
         && sm90::supports(shape.rows() as u64, shape.topk as u64);
     Ok(Selection {
         module,
         backend,
         wgmma,
     })
+}
+
+/// The wgmma path's kernels for the head dimension of `shape` (D = 128 or
+/// 64), or `None`.
+fn wg_row(shape: &Shape) -> Option<sm90::WgRow> {
+    u32::try_from(shape.head_dim)
+        .ok()
+        .and_then(sm90::row_kernel)
 }
 
 /// Why the tcgen05 kernels cannot take `shape`, or `None` when they can.
@@ -158,11 +167,14 @@ pub(crate) enum PathKind {
         /// The row kernel's name (`grad_kernel_name`).
         kernel: &'static str,
     },
-    /// The Hopper fast path (`sm_90a` module, H = 64, D = 128, topk > 64):
-    /// stage 1, then, when `paired`, the paired wgmma kernel, then the
-    /// persistent wgmma row kernel.
+    /// The Hopper fast path (`sm_90a` module, H = 64, D = 128 or 64,
+    /// topk > 64): stage 1, then, when `paired`, the paired wgmma kernel,
+    /// then the persistent wgmma row kernel.
     Sm90 {
-        /// Whether the paired kernel is launched (an even number of rows).
+        /// The kernels of the shape's head dimension (`sm90::row_kernel`).
+        row: sm90::WgRow,
+        /// Whether the paired kernel is launched (D = 128 and an even
+        /// number of rows).
         paired: bool,
     },
     /// The tcgen05 path (`Backend::Blackwell`): stage 1, then the stage-2
@@ -184,9 +196,10 @@ impl PathKind {
                 expected: "a tcgen05 specialization",
             })?;
             PathKind::Sm100 { stage2 }
-        } else if sel.wgmma {
+        } else if let Some(row) = wg_row(shape).filter(|_| sel.wgmma) {
             PathKind::Sm90 {
-                paired: sm90::supports_pairs(shape.rows() as u64, shape.topk as u64),
+                row,
+                paired: row.paired && sm90::supports_pairs(shape.rows() as u64, shape.topk as u64),
             }
         } else {
             let kernel = grad_kernel_name(heads, dim).ok_or(Error::Shape {
@@ -203,10 +216,10 @@ impl PathKind {
     pub(crate) fn kernels(self, d_index_k: GradDtype) -> Vec<&'static str> {
         let mut kernels = match self {
             PathKind::Rows { kernel } => vec![kernel],
-            PathKind::Sm90 { paired: true } => {
-                vec![STAGE1_KERNEL, sm90::WG_PAIR_KERNEL, sm90::WG_KERNEL]
+            PathKind::Sm90 { row, paired: true } => {
+                vec![row.stage1, sm90::WG_PAIR_KERNEL, row.kernel]
             }
-            PathKind::Sm90 { paired: false } => vec![STAGE1_KERNEL, sm90::WG_KERNEL],
+            PathKind::Sm90 { row, paired: false } => vec![row.stage1, row.kernel],
             PathKind::Sm100 { stage2 } => vec![STAGE1_KERNEL, stage2],
         };
         if d_index_k == GradDtype::Bf16 {
@@ -464,13 +477,18 @@ mod tests {
 
     #[test]
     fn the_fast_path_follows_the_module_and_the_shape() {
-        // sm_90a only, H = 64, D = 128, more than one 64-slot chunk per row.
+        // sm_90a only, H = 64, D = 128 or 64, more than one 64-slot chunk
+        // per row.
         let fast =
             |major, minor, s: &Shape| select(major, minor, s, Backend::Hopper).unwrap().wgmma;
         assert!(fast(9, 0, &shape(64, 128, 65)));
         assert!(!fast(9, 0, &shape(64, 128, 64)));
         assert!(!fast(9, 0, &shape(32, 128, 256)));
-        assert!(!fast(9, 0, &shape(64, 64, 256)));
+        assert!(fast(9, 0, &shape(64, 64, 256)));
+        assert!(fast(9, 0, &shape(64, 64, 65)));
+        assert!(!fast(9, 0, &shape(64, 64, 64)));
+        assert!(!fast(9, 0, &shape(32, 64, 256)));
+        assert!(!fast(9, 0, &shape(128, 64, 256)));
         for (major, minor) in [(9, 5), (10, 0), (10, 3), (11, 0), (12, 0), (13, 0)] {
             assert!(!fast(major, minor, &both()), "{major}.{minor}");
         }
@@ -504,13 +522,20 @@ mod tests {
             batch: 1,
             ..both()
         };
+        let d128 = sm90::row_kernel(128).unwrap();
         assert_eq!(
             path(9, 0, &both(), Backend::Auto),
-            PathKind::Sm90 { paired: true }
+            PathKind::Sm90 {
+                row: d128,
+                paired: true
+            }
         );
         assert_eq!(
             path(9, 0, &odd, Backend::Hopper),
-            PathKind::Sm90 { paired: false }
+            PathKind::Sm90 {
+                row: d128,
+                paired: false
+            }
         );
         assert_eq!(
             path(9, 0, &shape(64, 128, 64), Backend::Auto),
@@ -530,19 +555,82 @@ mod tests {
     }
 
     #[test]
+    fn h64_d64_takes_the_wgmma_row_kernel_above_one_chunk() {
+        use GradDtype::{Bf16, F32};
+        let d64 = PathKind::Sm90 {
+            row: sm90::row_kernel(64).unwrap(),
+            paired: false,
+        };
+        // Even and odd row counts alike: no paired kernel for D = 64.
+        let odd = Shape {
+            seq_q: 101,
+            batch: 1,
+            ..shape(64, 64, 512)
+        };
+        for s in [shape(64, 64, 65), shape(64, 64, 2048), odd] {
+            for b in [Backend::Auto, Backend::Hopper] {
+                let p = path(9, 0, &s, b);
+                assert_eq!(p, d64, "{s:?}");
+                assert_eq!(
+                    p.kernels(F32),
+                    [kernels_gpu::registry::STAGE1_D64.name, sm90::WG_D64_KERNEL]
+                );
+                assert!(p.kernels(Bf16).contains(&sm90::WG_D64_KERNEL));
+            }
+        }
+        // What the new kernel does not take keeps the row kernel: one chunk,
+        // other head counts, other GPUs.
+        let rows = |h, d| PathKind::Rows {
+            kernel: grad_kernel_name(h, d).unwrap(),
+        };
+        assert_eq!(path(9, 0, &shape(64, 64, 64), Backend::Auto), rows(64, 64));
+        assert_eq!(path(9, 0, &shape(16, 64, 512), Backend::Auto), rows(16, 64));
+        assert_eq!(
+            path(9, 0, &shape(128, 64, 512), Backend::Auto),
+            rows(128, 64)
+        );
+        for (major, minor) in [(10, 0), (12, 0)] {
+            assert_eq!(
+                path(major, minor, &shape(64, 64, 512), Backend::Auto),
+                rows(64, 64)
+            );
+        }
+        let l = sm90::SMEM_D64;
+        assert_eq!(sm90::row_kernel(64).unwrap().smem, l);
+        assert!(sm90::row_kernel(96).is_none());
+    }
+
+    #[test]
     fn each_path_names_its_kernels_in_launch_order() {
         use GradDtype::{Bf16, F32};
         let row = grad_kernel_name(64, 128).unwrap();
         let t = "sm100_stage2_t256_h64";
-        let cases: [(PathKind, &[&str]); 4] = [
+        let (d128, d64) = (
+            sm90::row_kernel(128).unwrap(),
+            sm90::row_kernel(64).unwrap(),
+        );
+        let cases: [(PathKind, &[&str]); 5] = [
             (PathKind::Rows { kernel: row }, &[row]),
             (
-                PathKind::Sm90 { paired: true },
+                PathKind::Sm90 {
+                    row: d128,
+                    paired: true,
+                },
                 &[STAGE1_KERNEL, sm90::WG_PAIR_KERNEL, sm90::WG_KERNEL],
             ),
             (
-                PathKind::Sm90 { paired: false },
+                PathKind::Sm90 {
+                    row: d128,
+                    paired: false,
+                },
                 &[STAGE1_KERNEL, sm90::WG_KERNEL],
+            ),
+            (
+                PathKind::Sm90 {
+                    row: d64,
+                    paired: false,
+                },
+                &["indexer_score_grad_d64", "indexer_bwd_wg_h64_d64"],
             ),
             (PathKind::Sm100 { stage2: t }, &[STAGE1_KERNEL, t]),
         ];

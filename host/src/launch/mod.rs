@@ -6,7 +6,7 @@
 //! - [`rows`]: the `mma.sync` row kernels, which every module holds: any
 //!   GPU, any shape the other two paths do not take;
 //! - [`sm90`]: the Hopper wgmma kernels: compute capability 9.0 (`sm_90a`
-//!   module), H = 64, D = 128, topk > 64;
+//!   module), H = 64, D = 128 or 64, topk > 64;
 //! - [`sm100`]: the tcgen05 kernels: compute capability 10.0 / 10.3 with
 //!   `Backend::Blackwell` forced, or `Auto` where
 //!   [`crate::TCGEN05_VALIDATED`] lists the GPU (compiled and assembled,
@@ -68,7 +68,9 @@ impl Path {
             PathKind::Rows { kernel } => {
                 Path::Rows(rows::RowKernel::new(ctx, module, kernel, shape, cc)?)
             }
-            PathKind::Sm90 { paired } => Path::Sm90(sm90::Wgmma::new(ctx, module, shape, paired)?),
+            PathKind::Sm90 { row, paired } => {
+                Path::Sm90(sm90::Wgmma::new(ctx, module, shape, row, paired)?)
+            }
             PathKind::Sm100 { stage2 } => {
                 Path::Sm100(sm100::Sm100Kernels::new(ctx, module, shape, stage2)?)
             }

@@ -4,9 +4,11 @@
 //! overlaps stage 1's tail.
 //!
 //! Chosen ([`crate::select::PathKind::Sm90`]) on compute capability 9.0,
-//! whose `sm_90a` module alone holds these kernels, for H = 64, D = 128 and
-//! more than one 64-slot chunk per row (`kernels_gpu::sm90::supports`),
-//! under `Backend::Auto` or `Backend::Hopper`. With an even number of rows
+//! whose `sm_90a` module alone holds these kernels, for H = 64, D = 128 or
+//! 64 (`kernels_gpu::sm90::row_kernel`: each its own row kernel, layout and
+//! stage 1) and more than one 64-slot chunk per row
+//! (`kernels_gpu::sm90::supports`), under `Backend::Auto` or
+//! `Backend::Hopper`. With D = 128 and an even number of rows
 //! the paired kernel (`sm90::WG_PAIR_KERNEL`, two rows that share keys per
 //! CTA) is launched too, between stage 1 and the row kernel: a test on the
 //! ids inside both picks the one that computes, the other exits at once
@@ -17,7 +19,7 @@ use crate::error::Result;
 use crate::gpu;
 use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
-use kernels_gpu::params::{FLAG_PAIR_DISPATCH, STAGE1_KERNEL};
+use kernels_gpu::params::FLAG_PAIR_DISPATCH;
 use kernels_gpu::sm90;
 use std::sync::Arc;
 
@@ -31,8 +33,11 @@ pub(crate) fn row_chunks(shape: &Shape) -> bool {
 /// The loaded kernels of the fast path and their grids.
 pub(crate) struct Wgmma {
     stage1: CudaFunction,
-    /// The persistent wgmma row kernel (`sm90::WG_KERNEL`).
+    /// The persistent wgmma row kernel of the head dimension
+    /// (`sm90::WgRow::kernel`).
     row: CudaFunction,
+    /// Its dynamic shared memory (`sm90::WgRow::smem`).
+    row_smem: u32,
     /// CTAs of `row` (`sm90::grid`).
     grid: u32,
     /// The paired kernel and its grid, with an even number of rows.
@@ -40,32 +45,35 @@ pub(crate) struct Wgmma {
 }
 
 impl Wgmma {
-    /// Loads stage 1, the wgmma row kernel and, when `paired`, the paired
+    /// Loads stage 1 and the wgmma row kernel of `wg` (the shape's head
+    /// dimension) and, when `paired` (D = 128 only), the paired
     /// kernel, sizes their persistent grids to the GPU's SMs, and raises
     /// their shared-memory limits.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
         module: &Arc<CudaModule>,
         shape: &Shape,
+        wg: sm90::WgRow,
         paired: bool,
     ) -> Result<Wgmma> {
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sms = sms.max(1) as u32;
         let rows = shape.rows() as u32;
-        let pair = if paired {
+        let pair = if paired && wg.paired {
             let f = module.load_function(sm90::WG_PAIR_KERNEL)?;
             gpu::set_dynamic_smem(&f, sm90::PAIR.bytes)?;
             Some((f, sm90::pair_grid(rows, sms)))
         } else {
             None
         };
-        let row = module.load_function(sm90::WG_KERNEL)?;
-        let stage1 = module.load_function(STAGE1_KERNEL)?;
-        gpu::set_dynamic_smem(&row, sm90::SMEM.bytes)?;
+        let row = module.load_function(wg.kernel)?;
+        let stage1 = module.load_function(wg.stage1)?;
+        gpu::set_dynamic_smem(&row, wg.smem.bytes)?;
         Ok(Wgmma {
             stage1,
             row,
+            row_smem: wg.smem.bytes,
             grid: sm90::grid(rows, sms),
             pair,
         })
@@ -82,7 +90,8 @@ impl Wgmma {
         // SAFETY: `p` checked for the shape; stage 1's contract is kept by
         // `launch_stage1`; the paired kernel runs `sm90::PAIR`'s CTAs on
         // `pair`'s grid, the row kernel `sm90::THREADS` on `grid` with
-        // `sm90::SMEM` bytes (limits raised in `new`). Both are
+        // `row_smem` bytes, its layout's (limits raised in `new`); stage 1
+        // is the one of the row kernel's D (it zeroes `B*S_k*D`). Both are
         // programmatic dependents: each executes griddepcontrol.wait before
         // it reads what stage 1 writes, and the paired kernel exits only
         // after that wait, so the row kernel's wait also covers stage 1.
@@ -108,7 +117,7 @@ impl Wgmma {
                 &self.row,
                 self.grid,
                 sm90::THREADS,
-                sm90::SMEM.bytes,
+                self.row_smem,
                 &p,
             )?;
         }
