@@ -276,23 +276,48 @@ fn rejected_calls_leave_every_buffer_untouched() {
 
 /// Realistic shapes with continuous values, uniform and ragged ids, and
 /// bitwise-stable d_index_q / d_weights across runs and between i32 and
-/// i64 ids.
+/// i64 ids. D = 128 and D = 64 (on Hopper the D = 64 wgmma row kernel,
+/// asserted from the plan's kernels; with local ids and bf16 dK in two
+/// of its cases).
 #[test]
 fn realistic_shapes_are_accurate_and_deterministic() {
     let Some(ctx) = gpu("realistic_shapes_are_accurate_and_deterministic") else {
         return;
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    for (topk, ragged) in [(512usize, false), (512, true), (128, false), (1024, true)] {
+    let local_bf16 = Options {
+        key_ids: dsa_indexer_bwd::KeyIds::Local,
+        d_index_k: dsa_indexer_bwd::GradDtype::Bf16,
+        ..Options::default()
+    };
+    let cases = [
+        (128usize, 512usize, false, Options::default()),
+        (128, 512, true, Options::default()),
+        (128, 128, false, Options::default()),
+        (128, 1024, true, Options::default()),
+        (64, 512, false, Options::default()),
+        (64, 512, true, local_bf16),
+        (64, 2048, false, local_bf16),
+        (64, 2048, true, Options::default()),
+    ];
+    let (major, _) = ctx.compute_capability().unwrap();
+    for (head_dim, topk, ragged, opts) in cases {
         let shape = Shape {
             batch: 1,
             seq_q: 192,
             seq_k: 2048,
             heads: 64,
-            head_dim: 128,
+            head_dim,
             topk,
         };
-        let opts = Options::default();
+        if head_dim == 64 && major == 9 {
+            let plan = dsa_indexer_bwd::Plan::new(&ctx, shape, opts).unwrap();
+            assert!(
+                plan.kernels().contains(&kernels_gpu::sm90::WG_D64_KERNEL),
+                "{:?}",
+                plan.kernels()
+            );
+        }
         let g = Gen {
             values: Values::Continuous,
             padding: Padding::NegOne,
@@ -307,7 +332,7 @@ fn realistic_shapes_are_accurate_and_deterministic() {
         }
         let a = run_gpu(&ctx, &p);
         let e = check_against_reference(&p, &a);
-        println!("topk {topk} ragged {ragged}: {e:?}");
+        println!("D {head_dim} topk {topk} ragged {ragged}: {e:?}");
         let b = run_gpu(&ctx, &p);
         assert!(
             same_bits(&a.d_index_q, &b.d_index_q),

@@ -85,6 +85,16 @@ fn cases() -> Vec<Case> {
             wide: false,
         },
         Case {
+            // D = 64: its own stage 1 and wgmma row kernel (no paired
+            // kernel), even rows, bf16 dK (cast), i64 ids, chunk skip.
+            name: "stage1 d64 + wgmma row kernel H=64 D=64 (chunk skip) + cast, i64 ids",
+            shape: shape(2, 17, 300, 64, 64, 520),
+            opts: opts(Local, Probs, Bf16, F32),
+            gen: gen(Padding::NegOne, true),
+            paired: false,
+            wide: true,
+        },
+        Case {
             name: "mma.sync row kernel H=32 D=128 + cast, i64 ids",
             shape: shape(1, 20, 160, 32, 128, 100),
             opts: opts(Global, Probs, Bf16, GradDtype::Bf16),
