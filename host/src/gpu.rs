@@ -264,6 +264,8 @@ mod tests {
             for k in [
                 registry::SM90_WG,
                 registry::SM90_WG_D64,
+                registry::SM90_WG_H32,
+                registry::SM90_WG_H16,
                 registry::SM90_WG_PAIR,
                 registry::STAGE1_D64,
             ] {

@@ -133,7 +133,7 @@ fn select_with(
 fn wg_row(shape: &Shape) -> Option<sm90::WgRow> {
     u32::try_from(shape.head_dim)
         .ok()
-        .and_then(sm90::row_kernel)
+        .and_then(|d| sm90::row_kernel(sm90::HEADS, d))
 }
 
 /// Why the tcgen05 kernels cannot take `shape`, or `None` when they can.
@@ -522,7 +522,7 @@ mod tests {
             batch: 1,
             ..both()
         };
-        let d128 = sm90::row_kernel(128).unwrap();
+        let d128 = sm90::row_kernel(64, 128).unwrap();
         assert_eq!(
             path(9, 0, &both(), Backend::Auto),
             PathKind::Sm90 {
@@ -558,7 +558,7 @@ mod tests {
     fn h64_d64_takes_the_wgmma_row_kernel_above_one_chunk() {
         use GradDtype::{Bf16, F32};
         let d64 = PathKind::Sm90 {
-            row: sm90::row_kernel(64).unwrap(),
+            row: sm90::row_kernel(64, 64).unwrap(),
             paired: false,
         };
         // Even and odd row counts alike: no paired kernel for D = 64.
@@ -596,8 +596,8 @@ mod tests {
             );
         }
         let l = sm90::SMEM_D64;
-        assert_eq!(sm90::row_kernel(64).unwrap().smem, l);
-        assert!(sm90::row_kernel(96).is_none());
+        assert_eq!(sm90::row_kernel(64, 64).unwrap().smem, l);
+        assert!(sm90::row_kernel(64, 96).is_none());
     }
 
     #[test]
@@ -606,8 +606,8 @@ mod tests {
         let row = grad_kernel_name(64, 128).unwrap();
         let t = "sm100_stage2_t256_h64";
         let (d128, d64) = (
-            sm90::row_kernel(128).unwrap(),
-            sm90::row_kernel(64).unwrap(),
+            sm90::row_kernel(64, 128).unwrap(),
+            sm90::row_kernel(64, 64).unwrap(),
         );
         let cases: [(PathKind, &[&str]); 5] = [
             (PathKind::Rows { kernel: row }, &[row]),

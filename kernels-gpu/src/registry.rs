@@ -323,6 +323,27 @@ pub const SM90_WG_D64: Kernel = k(
     Targets::SM90A,
 );
 
+/// The wgmma row kernel for H = 32, D = 128 (`sm90`, the D = 128 body and
+/// layout with the head tile's rows 32..63 padded): as [`SM90_WG`], two
+/// resident CTAs per SM.
+pub const SM90_WG_H32: Kernel = k(
+    "indexer_bwd_wg_h32_d128",
+    Param::Grad,
+    256,
+    Bounds::Exact { min_ctas: 2 },
+    Targets::SM90A,
+);
+
+/// The wgmma row kernel for H = 16, D = 128: as [`SM90_WG_H32`] with rows
+/// 16..63 padded.
+pub const SM90_WG_H16: Kernel = k(
+    "indexer_bwd_wg_h16_d128",
+    Param::Grad,
+    256,
+    Bounds::Exact { min_ctas: 2 },
+    Targets::SM90A,
+);
+
 /// The paired wgmma kernel (`sm90`): one CTA of twice the row kernel's
 /// threads per SM, the same register cap.
 pub const SM90_WG_PAIR: Kernel = k(
@@ -461,7 +482,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 32] = [
+pub const KERNELS: [Kernel; 34] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -475,6 +496,8 @@ pub const KERNELS: [Kernel; 32] = [
     ROWS[7],
     SM90_WG,
     SM90_WG_D64,
+    SM90_WG_H32,
+    SM90_WG_H16,
     SM90_WG_PAIR,
     SMOKE,
     CEIL_MMA_K,

@@ -157,6 +157,8 @@ fn names_are_unique_and_threads_match_the_kernels_constants() {
     }
     assert_eq!(registry::SM90_WG.threads, kernels_gpu::sm90::THREADS);
     assert_eq!(registry::SM90_WG_D64.threads, kernels_gpu::sm90::THREADS);
+    assert_eq!(registry::SM90_WG_H32.threads, kernels_gpu::sm90::THREADS);
+    assert_eq!(registry::SM90_WG_H16.threads, kernels_gpu::sm90::THREADS);
     assert_eq!(
         registry::SM90_WG_PAIR.threads,
         kernels_gpu::sm90::PAIR.threads

@@ -426,7 +426,13 @@ fn dynamic_smem(kernel: &str) -> String {
         Param::Grad if *k == registry::STAGE1 || *k == registry::STAGE1_D64 => {
             kernels_gpu::abi::STAGE1_SMEM
         }
-        Param::Grad if *k == registry::SM90_WG => kernels_gpu::sm90::SMEM.bytes,
+        Param::Grad
+            if *k == registry::SM90_WG
+                || *k == registry::SM90_WG_H32
+                || *k == registry::SM90_WG_H16 =>
+        {
+            kernels_gpu::sm90::SMEM.bytes
+        }
         Param::Grad if *k == registry::SM90_WG_D64 => kernels_gpu::sm90::SMEM_D64.bytes,
         Param::Grad if *k == registry::SM90_WG_PAIR => kernels_gpu::sm90::PAIR.bytes,
         Param::Grad => {

@@ -6,7 +6,7 @@
 //! registers (i64 ids as 8-byte copies, narrowed when resolved).
 
 use super::ctx::Ctx;
-use super::{swizzle, Pos, CHUNK, DIM, HEADS, K_BLOCK, K_BYTES, Q_BLOCK, THREADS};
+use super::{swizzle, Pos, CHUNK, DIM, HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_HEADS, THREADS};
 use crate::abi::{row_chunks_at, FLAG_ROW_CHUNKS};
 use crate::ptx::smem;
 use crate::ptx::{cp_async, cvt};
@@ -19,7 +19,9 @@ const VECS: u32 = DIM / 8;
 const _: () = assert!((CHUNK * VECS).is_multiple_of(THREADS));
 
 /// Live chunks of local row `k` as stage 1 counted them (all of them
-/// without `FLAG_ROW_CHUNKS`; 2 past the CTA's rows, never used there).
+/// without `FLAG_ROW_CHUNKS`, and always for fewer than 64 heads, whose
+/// `d_weights` rows do not carry the count; 2 past the CTA's rows, never
+/// used there).
 /// The load's result is only used by `Ctx::chunks`, a row later.
 pub(super) fn load_count<const PAIRED: bool, const HALF: u32>(
     c: &Ctx<'_, PAIRED, HALF>,
@@ -29,7 +31,7 @@ pub(super) fn load_count<const PAIRED: bool, const HALF: u32>(
     if k >= c.my_rows {
         return 2;
     }
-    if p.flags & FLAG_ROW_CHUNKS == 0 {
+    if Q_HEADS < HEADS || p.flags & FLAG_ROW_CHUNKS == 0 {
         return c.nchunks;
     }
     let count = |row: u32| -> u32 {
@@ -143,8 +145,16 @@ pub(super) fn fetch<const PAIRED: bool, const HALF: u32>(
 }
 
 /// q tile (cp.async into its swizzle blocks) and weights of local row `k`.
+///
+/// With fewer heads than the tile's rows (`Q_HEADS < HEADS`: H = 32 or
+/// 16 on the M = 64 tile) the padded rows `Q_HEADS..HEADS` of the q tile
+/// are zero-filled by the same copies (0 bytes read from the row's start)
+/// on every load, so both q buffers hold zeros there for every row, and
+/// the padded heads' weights are 0: their S is 0, so their dS and
+/// d_weights partials are 0 and they add nothing to dK. Only the row's
+/// `Q_HEADS x D` elements and `Q_HEADS` weights are read.
 pub(super) fn load_row<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF>, k: u32) {
-    const H: usize = HEADS as usize;
+    const H: usize = Q_HEADS as usize;
     const D: usize = DIM as usize;
     let (p, tid) = (c.p, c.tid);
     let row = c.row_of(k) as usize;
@@ -155,19 +165,32 @@ pub(super) fn load_row<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, 
         let (h, cc) = (v / VECS, v % VECS);
         let dst = sq.add((cc / 8) * Q_BLOCK + swizzle(h, (cc % 8) * 16));
         // SAFETY: the row has H*D bf16, 16-byte aligned (host-checked
-        // base, D*2 a multiple of 16); the buffer's previous readers
-        // passed a barrier (pipeline note); read after wait_all and a
-        // barrier.
-        unsafe { cp_async::copy_16(dst, qrow.add(v as usize * 16), 16) };
+        // base, D*2 a multiple of 16), and vector v < H*D/8 lies inside
+        // it; padded heads copy 0 bytes (zero fill) from the row's start;
+        // the buffer's previous readers passed a barrier (pipeline note);
+        // read after wait_all and a barrier.
+        unsafe {
+            let (src, n) = if Q_HEADS == HEADS || v < Q_HEADS * VECS {
+                (qrow.add(v as usize * 16), 16)
+            } else {
+                (qrow, 0)
+            };
+            cp_async::copy_16(dst, src, n)
+        };
         v += THREADS;
     }
     cp_async::commit_group();
     let mut h = tid;
     while h < HEADS {
-        // SAFETY: weights has B*S_q*H bf16; this thread owns slot h.
+        // SAFETY: weights has B*S_q*H bf16 and only h < H is read; this
+        // thread owns slot h.
         unsafe {
-            let wb = *(p.weights as *const u16).add(row * H + h as usize);
-            smem::st_f32(c.w_buf(k).add(4 * h), cvt::bf16_to_f32(wb));
+            let w = if Q_HEADS == HEADS || h < Q_HEADS {
+                cvt::bf16_to_f32(*(p.weights as *const u16).add(row * H + h as usize))
+            } else {
+                0.0
+            };
+            smem::st_f32(c.w_buf(k).add(4 * h), w);
         }
         h += THREADS;
     }

@@ -19,14 +19,17 @@
 //!   for D = 128, one for D = 64.
 //! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
 //!
-//! The row kernel exists for D = 128 ([`WG_KERNEL`]) and D = 64
-//! ([`WG_D64_KERNEL`]); each has its layout ([`smem`]), derived from D by
-//! const arithmetic. The role modules read D and the D-dependent sizes
-//! (`DIM`, `Q_BYTES`, `K_BYTES`, `DK_STRIDE`, `SMEM`, `SPLIT`) from their
-//! parent: this module for D = 128, and `d64`, which compiles the same
-//! source files a second time as its own children, for D = 64 (plain
-//! constants, so the D = 128 kernels compile as before). The paired kernel
-//! is D = 128 only.
+//! The row kernel exists for H = 64 with D = 128 ([`WG_KERNEL`]) and D = 64
+//! ([`WG_D64_KERNEL`]), and for H = 32 and 16 with D = 128
+//! ([`WG_H32_KERNEL`], [`WG_H16_KERNEL`]: the M = 64 head tile with its
+//! rows `H..64` zero, `Q_HEADS`); each D has its layout ([`smem`]),
+//! derived from D by const arithmetic. The role modules read D, the
+//! D-dependent sizes (`DIM`, `Q_BYTES`, `K_BYTES`, `DK_STRIDE`, `SMEM`,
+//! `SPLIT`) and the problem's heads (`Q_HEADS`) from their parent: this
+//! module for H = 64, D = 128, and `d64`, `h32`, `h16`, which compile the
+//! same source files a second time as their own children (plain
+//! constants, so the H = 64, D = 128 kernels compile as before). The
+//! paired kernel is H = 64, D = 128 only.
 
 mod sched;
 
@@ -40,6 +43,10 @@ mod d64;
 mod entry;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod gate;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod h16;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod h32;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod load;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
@@ -61,6 +68,13 @@ pub const WG_KERNEL: &str = crate::registry::SM90_WG.name;
 /// the same body as [`WG_KERNEL`] on [`SMEM_D64`], the two warpgroups
 /// splitting the products instead of the D columns (`SPLIT`).
 pub const WG_D64_KERNEL: &str = crate::registry::SM90_WG_D64.name;
+/// PTX entry name of the wgmma row kernel for H = 32, D = 128 (sm_90a PTX
+/// only): the body and layout of [`WG_KERNEL`] with the q tile's rows
+/// 32..63 zero and the padded heads' weights 0 (`Q_HEADS`).
+pub const WG_H32_KERNEL: &str = crate::registry::SM90_WG_H32.name;
+/// PTX entry name of the wgmma row kernel for H = 16, D = 128 (sm_90a PTX
+/// only): as [`WG_H32_KERNEL`] with rows 16..63 zero.
+pub const WG_H16_KERNEL: &str = crate::registry::SM90_WG_H16.name;
 /// PTX entry name of the paired wgmma kernel (sm_90a PTX only): one CTA
 /// per SM of two halves, each half the row kernel's two warpgroups on its
 /// own copy of [`SMEM`], walking rows `2 p` and `2 p + 1` of the same pairs
@@ -135,6 +149,18 @@ pub const fn dk_stride(d: u32) -> u32 {
 )]
 const SPLIT: bool = false;
 
+/// Heads of the problem in the role modules compiled here: all the tile's
+/// rows. `h32` and `h16` compile them again with 32 and 16: the q tile's
+/// rows `Q_HEADS..HEADS` are zero-filled by the q loads, the padded heads'
+/// weights are 0 (so their dS and d_weights partials are 0 and they add
+/// nothing to dK), and only the real heads are read from `index_q` /
+/// `weights` and stored to d_index_q / d_weights.
+#[cfg_attr(
+    not(all(target_arch = "nvptx64", kernels_arch = "sm_90a")),
+    allow(dead_code)
+)]
+const Q_HEADS: u32 = HEADS;
+
 /// Bytes per slot of a raw-id set: room for an i64 id.
 pub const IDS_SLOT_BYTES: u32 = 8;
 
@@ -207,35 +233,48 @@ pub const fn smem(d: u32) -> WgSmem {
     }
 }
 
-/// The kernels of the wgmma path for one head dimension.
+/// The kernels of the wgmma path for one shape (heads, head dimension).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgRow {
-    /// The wgmma row kernel ([`WG_KERNEL`] or [`WG_D64_KERNEL`]).
+    /// The wgmma row kernel ([`WG_KERNEL`], [`WG_D64_KERNEL`],
+    /// [`WG_H32_KERNEL`] or [`WG_H16_KERNEL`]).
     pub kernel: &'static str,
     /// The stage-1 kernel launched ahead of it (zeroing a `B*S_k*D`
     /// accumulator).
     pub stage1: &'static str,
     /// The row kernel's layout ([`smem`] of its D).
     pub smem: WgSmem,
-    /// Whether the paired kernel exists for this dimension (D = 128).
+    /// Whether the paired kernel exists for this shape (H = 64, D = 128).
     pub paired: bool,
+    /// Whether the row kernel reads stage 1's per-row chunk counts
+    /// (`FLAG_ROW_CHUNKS`, which needs rows of
+    /// [`crate::abi::ROW_CHUNK_HEADS`] heads in d_weights): H = 64 only.
+    pub row_chunks: bool,
 }
 
-/// The wgmma path's kernels for head dimension `dim`, or `None` for a
-/// dimension it does not take (every one but 64 and 128).
-pub const fn row_kernel(dim: u32) -> Option<WgRow> {
-    match dim {
-        DIM => Some(WgRow {
-            kernel: WG_KERNEL,
+/// The wgmma path's kernels for `heads` x `dim`, or `None` for a shape it
+/// does not take (H = 64 with D = 128 or 64, H = 32 or 16 with D = 128).
+pub const fn row_kernel(heads: u32, dim: u32) -> Option<WgRow> {
+    // H = 64 (paired, chunk counts) or fewer heads padded, on D = 128.
+    const fn d128(kernel: &'static str, paired: bool) -> Option<WgRow> {
+        Some(WgRow {
+            kernel,
             stage1: crate::registry::STAGE1.name,
             smem: SMEM,
-            paired: true,
-        }),
-        64 => Some(WgRow {
+            paired,
+            row_chunks: paired,
+        })
+    }
+    match (heads, dim) {
+        (HEADS, DIM) => d128(WG_KERNEL, true),
+        (32, DIM) => d128(WG_H32_KERNEL, false),
+        (16, DIM) => d128(WG_H16_KERNEL, false),
+        (HEADS, 64) => Some(WgRow {
             kernel: WG_D64_KERNEL,
             stage1: crate::registry::STAGE1_D64.name,
             smem: SMEM_D64,
             paired: false,
+            row_chunks: true,
         }),
         _ => None,
     }
@@ -252,13 +291,24 @@ const _: () = assert!(matches!(
         min_ctas: CTAS_PER_SM
     }
 ));
-const _: () = assert!(crate::registry::SM90_WG_D64.threads == THREADS);
-const _: () = assert!(matches!(
-    crate::registry::SM90_WG_D64.bounds,
-    crate::registry::Bounds::Exact {
-        min_ctas: CTAS_PER_SM
+const _: () = {
+    let ks = [
+        crate::registry::SM90_WG_D64,
+        crate::registry::SM90_WG_H32,
+        crate::registry::SM90_WG_H16,
+    ];
+    let mut i = 0;
+    while i < ks.len() {
+        assert!(ks[i].threads == THREADS);
+        assert!(matches!(
+            ks[i].bounds,
+            crate::registry::Bounds::Exact {
+                min_ctas: CTAS_PER_SM
+            }
+        ));
+        i += 1;
     }
-));
+};
 
 /// Launch shape of the paired kernel ([`WG_PAIR_KERNEL`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -710,16 +760,37 @@ mod tests {
         assert_eq!((l.used, l.bytes), (64_256, 65_280));
         assert!(CTAS_PER_SM * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
         // The kernels of each dimension.
-        let (a, b) = (row_kernel(128).unwrap(), row_kernel(64).unwrap());
+        let (a, b) = (row_kernel(64, 128).unwrap(), row_kernel(64, 64).unwrap());
         assert_eq!((a.kernel, a.smem, a.paired), (WG_KERNEL, SMEM, true));
         assert_eq!(
             (b.kernel, b.smem, b.paired),
             (WG_D64_KERNEL, SMEM_D64, false)
         );
+        assert!(a.row_chunks && b.row_chunks);
         assert_eq!(a.stage1, crate::registry::STAGE1.name);
         assert_eq!(b.stage1, "indexer_score_grad_d64");
-        assert!(row_kernel(96).is_none() && row_kernel(256).is_none());
+        assert!(row_kernel(64, 96).is_none() && row_kernel(64, 256).is_none());
         assert_eq!(DIMS, [128, 64]);
+    }
+
+    #[test]
+    fn fewer_heads_take_the_d128_layout_and_stage1_without_pairs_or_counts() {
+        for (h, name) in [
+            (32, "indexer_bwd_wg_h32_d128"),
+            (16, "indexer_bwd_wg_h16_d128"),
+        ] {
+            let r = row_kernel(h, 128).unwrap();
+            assert_eq!(r.kernel, name);
+            assert_eq!(r.smem, SMEM, "the M = 64 tile, padded");
+            assert_eq!(r.stage1, crate::registry::STAGE1.name);
+            assert!(!r.paired && !r.row_chunks);
+            assert!(row_kernel(h, 64).is_none());
+        }
+        assert_eq!(WG_H32_KERNEL, "indexer_bwd_wg_h32_d128");
+        assert_eq!(WG_H16_KERNEL, "indexer_bwd_wg_h16_d128");
+        for h in [8, 48, 128] {
+            assert!(row_kernel(h, 128).is_none(), "H = {h}");
+        }
     }
 
     #[test]

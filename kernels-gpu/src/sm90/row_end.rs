@@ -3,14 +3,16 @@
 //! and warps in a fixed order, so both outputs are bitwise reproducible).
 
 use super::ctx::Ctx;
-use super::{DIM, HEADS, SPLIT, THREADS};
+use super::{DIM, HEADS, Q_HEADS, SPLIT, THREADS};
 use crate::abi::FLAG_DW_F32;
 use crate::ptx::{cvt, smem, sync};
 
 /// Stores d_index_q of query row `row` from this thread's dQ accumulators
 /// and parks its d_weights partials (`dw`, summed over the lanes of each
 /// quad) in shared memory for [`sum_dw`]; clears both. D = 64 (`SPLIT`):
-/// only warpgroup 0 holds dQ and stores it.
+/// only warpgroup 0 holds dQ and stores it. Fewer heads than the tile's
+/// rows (`Q_HEADS < HEADS`): only the warps of real heads store (each
+/// warp's 16 heads are all real or all padding).
 ///
 /// # Safety
 /// Full warps (the shuffles), uniform control flow; the partials' region
@@ -22,10 +24,10 @@ pub(super) unsafe fn store_dq_park_dw<const PAIRED: bool, const HALF: u32>(
     acc_q: &mut [f32; 32],
     dw: &mut [f32; 2],
 ) {
-    const H: usize = HEADS as usize;
+    const H: usize = Q_HEADS as usize;
     const D: usize = DIM as usize;
     let (p, wi, g, sm_scale) = (c.p, c.wi, c.g, c.sm_scale);
-    if !SPLIT || c.wg == 0 {
+    if (!SPLIT || c.wg == 0) && (Q_HEADS == HEADS || 16 * wi < Q_HEADS) {
         // This thread's first (head, column) pair of the row; the others
         // are constant offsets from it (keeps one live address).
         let dq = (p.d_index_q as *mut u32).wrapping_add(
@@ -59,7 +61,8 @@ pub(super) unsafe fn store_dq_park_dw<const PAIRED: bool, const HALF: u32>(
 }
 
 /// Sums the parked d_weights partials of query row `row` (the two
-/// warpgroups' slot halves, in order) and stores them.
+/// warpgroups' slot halves, in order) and stores those of its `Q_HEADS`
+/// heads.
 ///
 /// # Safety
 /// After the barrier M that follows [`store_dq_park_dw`].
@@ -68,10 +71,11 @@ pub(super) unsafe fn sum_dw<const PAIRED: bool, const HALF: u32>(
     c: &Ctx<'_, PAIRED, HALF>,
     row: usize,
 ) {
-    const H: usize = HEADS as usize;
+    const H: usize = Q_HEADS as usize;
     let p = c.p;
     let mut h = c.tid;
-    while h < HEADS {
+    // Real heads only (the padded ones' partials are 0, never stored).
+    while h < Q_HEADS {
         // Head h lives in warp h / 16 of each warpgroup: sum the
         // two warpgroups' partials (slot halves) in order.
         // SAFETY: partials written before barrier M.
