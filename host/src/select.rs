@@ -52,8 +52,8 @@ pub struct Selection {
 /// | any other >= 9.0 (11.0, 12.0, 12.1, ...) | `sm_90` (portable, JIT-compiled) | row kernels | row kernels | [`Error::BackendUnavailable`] |
 ///
 /// "Row kernels" are the `mma.sync` kernels (one CTA per query row), which
-/// every module holds; the wgmma fast path (H = 64, D = 128 or 64,
-/// topk > 64) is in the `sm_90a` module only.
+/// every module holds; the wgmma fast path (H = 64 with D = 128 or 64,
+/// H = 32 or 16 with D = 128; topk > 64) is in the `sm_90a` module only.
 pub fn select(major: i32, minor: i32, shape: &Shape, requested: Backend) -> Result<Selection> {
     select_with(major, minor, shape, requested, TCGEN05_VALIDATED)
 }
@@ -118,7 +118,6 @@ fn select_with(
     };
     let wgmma = backend == Backend::Hopper
         && module.has_wgmma()
-        && shape.heads == sm90::HEADS as usize
         && wg_row(shape).is_some()
         && sm90::supports(shape.rows() as u64, shape.topk as u64);
     Ok(Selection {
@@ -128,12 +127,14 @@ fn select_with(
     })
 }
 
-/// The wgmma path's kernels for the head dimension of `shape` (D = 128 or
-/// 64), or `None`.
+/// The wgmma path's kernels for the heads and head dimension of `shape`
+/// (H = 64 with D = 128 or 64, H = 32 or 16 with D = 128), or `None`.
 fn wg_row(shape: &Shape) -> Option<sm90::WgRow> {
-    u32::try_from(shape.head_dim)
-        .ok()
-        .and_then(|d| sm90::row_kernel(sm90::HEADS, d))
+    let (h, d) = (
+        u32::try_from(shape.heads).ok()?,
+        u32::try_from(shape.head_dim).ok()?,
+    );
+    sm90::row_kernel(h, d)
 }
 
 /// Why the tcgen05 kernels cannot take `shape`, or `None` when they can.
@@ -167,14 +168,15 @@ pub(crate) enum PathKind {
         /// The row kernel's name (`grad_kernel_name`).
         kernel: &'static str,
     },
-    /// The Hopper fast path (`sm_90a` module, H = 64, D = 128 or 64,
-    /// topk > 64): stage 1, then, when `paired`, the paired wgmma kernel,
-    /// then the persistent wgmma row kernel.
+    /// The Hopper fast path (`sm_90a` module, H = 64 with D = 128 or 64,
+    /// H = 32 or 16 with D = 128; topk > 64): stage 1, then, when
+    /// `paired`, the paired wgmma kernel, then the persistent wgmma row
+    /// kernel.
     Sm90 {
-        /// The kernels of the shape's head dimension (`sm90::row_kernel`).
+        /// The kernels of the shape (`sm90::row_kernel`).
         row: sm90::WgRow,
-        /// Whether the paired kernel is launched (D = 128 and an even
-        /// number of rows).
+        /// Whether the paired kernel is launched (H = 64, D = 128 and an
+        /// even number of rows).
         paired: bool,
     },
     /// The tcgen05 path (`Backend::Blackwell`): stage 1, then the stage-2
@@ -477,13 +479,18 @@ mod tests {
 
     #[test]
     fn the_fast_path_follows_the_module_and_the_shape() {
-        // sm_90a only, H = 64, D = 128 or 64, more than one 64-slot chunk
-        // per row.
+        // sm_90a only, H = 64 with D = 128 or 64, H = 32 or 16 with
+        // D = 128, more than one 64-slot chunk per row.
         let fast =
             |major, minor, s: &Shape| select(major, minor, s, Backend::Hopper).unwrap().wgmma;
         assert!(fast(9, 0, &shape(64, 128, 65)));
         assert!(!fast(9, 0, &shape(64, 128, 64)));
-        assert!(!fast(9, 0, &shape(32, 128, 256)));
+        assert!(fast(9, 0, &shape(32, 128, 256)));
+        assert!(fast(9, 0, &shape(16, 128, 65)));
+        assert!(!fast(9, 0, &shape(32, 128, 64)));
+        assert!(!fast(9, 0, &shape(16, 128, 64)));
+        assert!(!fast(9, 0, &shape(128, 128, 256)));
+        assert!(!fast(9, 0, &shape(16, 64, 256)));
         assert!(fast(9, 0, &shape(64, 64, 256)));
         assert!(fast(9, 0, &shape(64, 64, 65)));
         assert!(!fast(9, 0, &shape(64, 64, 64)));
@@ -601,6 +608,52 @@ mod tests {
     }
 
     #[test]
+    fn h32_and_h16_d128_take_their_wgmma_row_kernels_above_one_chunk() {
+        use GradDtype::{Bf16, F32};
+        let rows = |h, d| PathKind::Rows {
+            kernel: grad_kernel_name(h, d).unwrap(),
+        };
+        for (h, name) in [
+            (32u32, "indexer_bwd_wg_h32_d128"),
+            (16, "indexer_bwd_wg_h16_d128"),
+        ] {
+            let want = PathKind::Sm90 {
+                row: sm90::row_kernel(h, 128).unwrap(),
+                paired: false,
+            };
+            // Even and odd row counts alike: no paired kernel, and no
+            // stage-1 chunk counts (rows of fewer than 64 heads).
+            let odd = Shape {
+                seq_q: 101,
+                batch: 1,
+                ..shape(h as usize, 128, 512)
+            };
+            let hs = h as usize;
+            for s in [shape(hs, 128, 65), shape(hs, 128, 2048), odd] {
+                for b in [Backend::Auto, Backend::Hopper] {
+                    let p = path(9, 0, &s, b);
+                    assert_eq!(p, want, "{s:?}");
+                    assert_eq!(p.kernels(F32), [STAGE1_KERNEL, name]);
+                    assert!(p.kernels(Bf16).contains(&name));
+                }
+                assert!(!crate::launch::sm90::row_chunks(&s), "{s:?}");
+            }
+            // One chunk, D = 64 and other GPUs keep the row kernels.
+            assert_eq!(path(9, 0, &shape(hs, 128, 64), Backend::Auto), rows(h, 128));
+            assert_eq!(path(9, 0, &shape(hs, 64, 512), Backend::Auto), rows(h, 64));
+            for (major, minor) in [(10, 0), (12, 0)] {
+                assert_eq!(
+                    path(major, minor, &shape(hs, 128, 512), Backend::Auto),
+                    rows(h, 128)
+                );
+            }
+        }
+        // H = 64 keeps its chunk counts from SKIP_MIN_TOPK on.
+        assert!(crate::launch::sm90::row_chunks(&shape(64, 128, 2048)));
+        assert!(crate::launch::sm90::row_chunks(&shape(64, 64, 2048)));
+    }
+
+    #[test]
     fn each_path_names_its_kernels_in_launch_order() {
         use GradDtype::{Bf16, F32};
         let row = grad_kernel_name(64, 128).unwrap();
@@ -609,7 +662,8 @@ mod tests {
             sm90::row_kernel(64, 128).unwrap(),
             sm90::row_kernel(64, 64).unwrap(),
         );
-        let cases: [(PathKind, &[&str]); 5] = [
+        let h32 = sm90::row_kernel(32, 128).unwrap();
+        let cases: [(PathKind, &[&str]); 6] = [
             (PathKind::Rows { kernel: row }, &[row]),
             (
                 PathKind::Sm90 {
@@ -631,6 +685,13 @@ mod tests {
                     paired: false,
                 },
                 &["indexer_score_grad_d64", "indexer_bwd_wg_h64_d64"],
+            ),
+            (
+                PathKind::Sm90 {
+                    row: h32,
+                    paired: false,
+                },
+                &["indexer_score_grad_d128", "indexer_bwd_wg_h32_d128"],
             ),
             (PathKind::Sm100 { stage2: t }, &[STAGE1_KERNEL, t]),
         ];

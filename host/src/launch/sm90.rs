@@ -4,11 +4,12 @@
 //! overlaps stage 1's tail.
 //!
 //! Chosen ([`crate::select::PathKind::Sm90`]) on compute capability 9.0,
-//! whose `sm_90a` module alone holds these kernels, for H = 64, D = 128 or
-//! 64 (`kernels_gpu::sm90::row_kernel`: each its own row kernel, layout and
-//! stage 1) and more than one 64-slot chunk per row
+//! whose `sm_90a` module alone holds these kernels, for H = 64 with D = 128
+//! or 64, and H = 32 or 16 with D = 128 (`kernels_gpu::sm90::row_kernel`:
+//! each its own row kernel, layout and stage 1) and more than one 64-slot
+//! chunk per row
 //! (`kernels_gpu::sm90::supports`), under `Backend::Auto` or
-//! `Backend::Hopper`. With D = 128 and an even number of rows
+//! `Backend::Hopper`. With H = 64, D = 128 and an even number of rows
 //! the paired kernel (`sm90::WG_PAIR_KERNEL`, two rows that share keys per
 //! CTA) is launched too, between stage 1 and the row kernel: a test on the
 //! ids inside both picks the one that computes, the other exits at once
@@ -25,9 +26,12 @@ use std::sync::Arc;
 
 /// Whether stage 1 counts each row's live chunks (over its `d_weights`
 /// block) so that the wgmma kernel skips the rest: from
-/// `sm90::SKIP_MIN_TOPK` slots per row on.
+/// `sm90::SKIP_MIN_TOPK` slots per row on, for H = 64 only (the count sits
+/// in a row block of `abi::ROW_CHUNK_HEADS` d_weights elements; the
+/// H = 32 and 16 kernels run every chunk of a row and ignore the flag).
 pub(crate) fn row_chunks(shape: &Shape) -> bool {
     shape.topk >= sm90::SKIP_MIN_TOPK as usize
+        && shape.heads == kernels_gpu::abi::ROW_CHUNK_HEADS as usize
 }
 
 /// The loaded kernels of the fast path and their grids.
