@@ -278,7 +278,8 @@ fn rejected_calls_leave_every_buffer_untouched() {
 /// bitwise-stable d_index_q / d_weights across runs and between i32 and
 /// i64 ids. D = 128 and D = 64 (on Hopper the D = 64 wgmma row kernel,
 /// asserted from the plan's kernels; with local ids and bf16 dK in two
-/// of its cases).
+/// of its cases), and H = 32 and 16 at D = 128 (on Hopper the padded-head
+/// wgmma row kernels, likewise asserted; topk 512 and 2048).
 #[test]
 fn realistic_shapes_are_accurate_and_deterministic() {
     let Some(ctx) = gpu("realistic_shapes_are_accurate_and_deterministic") else {
@@ -291,32 +292,38 @@ fn realistic_shapes_are_accurate_and_deterministic() {
         ..Options::default()
     };
     let cases = [
-        (128usize, 512usize, false, Options::default()),
-        (128, 512, true, Options::default()),
-        (128, 128, false, Options::default()),
-        (128, 1024, true, Options::default()),
-        (64, 512, false, Options::default()),
-        (64, 512, true, local_bf16),
-        (64, 2048, false, local_bf16),
-        (64, 2048, true, Options::default()),
+        (64usize, 128usize, 512usize, false, Options::default()),
+        (64, 128, 512, true, Options::default()),
+        (64, 128, 128, false, Options::default()),
+        (64, 128, 1024, true, Options::default()),
+        (64, 64, 512, false, Options::default()),
+        (64, 64, 512, true, local_bf16),
+        (64, 64, 2048, false, local_bf16),
+        (64, 64, 2048, true, Options::default()),
+        (32, 128, 512, false, Options::default()),
+        (32, 128, 2048, true, local_bf16),
+        (16, 128, 512, true, Options::default()),
+        (16, 128, 2048, false, local_bf16),
     ];
     let (major, _) = ctx.compute_capability().unwrap();
-    for (head_dim, topk, ragged, opts) in cases {
+    for (heads, head_dim, topk, ragged, opts) in cases {
         let shape = Shape {
             batch: 1,
             seq_q: 192,
             seq_k: 2048,
-            heads: 64,
+            heads,
             head_dim,
             topk,
         };
-        if head_dim == 64 && major == 9 {
+        let wgmma = match (heads, head_dim) {
+            (64, 64) => Some(kernels_gpu::sm90::WG_D64_KERNEL),
+            (32, 128) => Some(kernels_gpu::sm90::WG_H32_KERNEL),
+            (16, 128) => Some(kernels_gpu::sm90::WG_H16_KERNEL),
+            _ => None,
+        };
+        if let (Some(kernel), 9) = (wgmma, major) {
             let plan = dsa_indexer_bwd::Plan::new(&ctx, shape, opts).unwrap();
-            assert!(
-                plan.kernels().contains(&kernels_gpu::sm90::WG_D64_KERNEL),
-                "{:?}",
-                plan.kernels()
-            );
+            assert!(plan.kernels().contains(&kernel), "{:?}", plan.kernels());
         }
         let g = Gen {
             values: Values::Continuous,
@@ -332,7 +339,7 @@ fn realistic_shapes_are_accurate_and_deterministic() {
         }
         let a = run_gpu(&ctx, &p);
         let e = check_against_reference(&p, &a);
-        println!("D {head_dim} topk {topk} ragged {ragged}: {e:?}");
+        println!("H {heads} D {head_dim} topk {topk} ragged {ragged}: {e:?}");
         let b = run_gpu(&ctx, &p);
         assert!(
             same_bits(&a.d_index_q, &b.d_index_q),

@@ -289,6 +289,88 @@ fn gpu_fast_path_d64_on_long_rows_matches_reference() {
     );
 }
 
+/// The H = 32 and 16, D = 128 shapes below run their wgmma row kernels on
+/// Hopper (the M = 64 head tile padded; the D = 128 stage 1, no paired
+/// kernel), whatever the row count.
+fn assert_padded_heads_fast_path(shape: Shape) {
+    let ctx = match gpu("assert_padded_heads_fast_path") {
+        Some(c) => c,
+        None => return,
+    };
+    let plan = dsa_indexer_bwd::Plan::new(&ctx, shape, Options::default()).expect("plan");
+    let (major, _) = ctx.compute_capability().expect("compute capability");
+    if major == 9 {
+        let kernel = match shape.heads {
+            32 => kernels_gpu::sm90::WG_H32_KERNEL,
+            _ => kernels_gpu::sm90::WG_H16_KERNEL,
+        };
+        assert!(
+            plan.kernels().contains(&kernel)
+                && plan.kernels().contains(&"indexer_score_grad_d128")
+                && !plan.kernels().contains(&kernels_gpu::sm90::WG_PAIR_KERNEL),
+            "{shape:?}: {:?}",
+            plan.kernels()
+        );
+    }
+}
+
+/// 96 cases at H = 32 and 16, D = 128 with topk 65-700 (the padded-head
+/// wgmma row kernels on Hopper: two or more 64-slot chunks), up to 200
+/// query rows per batch (CTAs walk several rows), both id conventions,
+/// f32 and bf16 dK, i32 and i64 ids (every case runs both, `run_cases`),
+/// -1 and out-of-range padding, uniform and short (ragged) rows. Same
+/// checks.
+#[test]
+fn gpu_fast_path_h32_h16_d128_matches_reference_on_random_problems() {
+    for heads in [32, 16] {
+        assert_padded_heads_fast_path(Shape {
+            batch: 1,
+            seq_q: 8,
+            seq_k: 100,
+            heads,
+            head_dim: 128,
+            topk: 65,
+        });
+    }
+    let cases = case(vec![32, 16], vec![128], 1..=200, 65..=700);
+    run_cases(
+        "gpu_fast_path_h32_h16_d128_matches_reference_on_random_problems",
+        cases,
+        96,
+    );
+}
+
+/// 16 cases at H = 32 and 16, D = 128 with topk 512-2100, padding at the
+/// end of short rows (no chunk skip for these head counts: every chunk
+/// runs, the trailing ones all padding) and even row counts (where H = 64
+/// would launch the paired kernel). Same checks.
+#[test]
+fn gpu_fast_path_h32_h16_d128_on_long_rows_matches_reference() {
+    for heads in [32, 16] {
+        assert_padded_heads_fast_path(Shape {
+            batch: 2,
+            seq_q: 4,
+            seq_k: 100,
+            heads,
+            head_dim: 128,
+            topk: 2048,
+        });
+    }
+    let cases = case(vec![32, 16], vec![128], 1..=40, 512..=2100).prop_map(
+        |(mut shape, opts, seed, dups, _, trailing)| {
+            if shape.rows() % 2 == 1 {
+                shape.seq_q += 1;
+            }
+            (shape, opts, seed, dups, true, trailing)
+        },
+    );
+    run_cases(
+        "gpu_fast_path_h32_h16_d128_on_long_rows_matches_reference",
+        cases,
+        16,
+    );
+}
+
 /// 64 cases with continuous q and k values (not the grid of the suites
 /// above, so `S` is rounded and the `S > 0` gate is decided on inexact
 /// sums), S_k up to 4096, sm_scale zero and negative as well as positive,

@@ -95,8 +95,21 @@ fn cases() -> Vec<Case> {
             wide: true,
         },
         Case {
+            // H = 32, D = 128: the M = 64 head tile padded (q rows 32..63
+            // zero-filled, no reads past the row's 32 heads), the D = 128
+            // stage 1, no paired kernel or chunk skip; odd rows, bf16 dK
+            // (cast), i64 ids, out-of-range padding.
+            name: "stage1 + wgmma row kernel H=32 D=128 (padded heads) + cast, i64 ids",
+            shape: shape(1, 21, 300, 32, 128, 200),
+            opts: opts(Global, LogProbs, Bf16, F32),
+            gen: gen(Padding::OutOfRange, true),
+            paired: false,
+            wide: true,
+        },
+        Case {
+            // topk 64 (one chunk): still the mma.sync kernel on Hopper.
             name: "mma.sync row kernel H=32 D=128 + cast, i64 ids",
-            shape: shape(1, 20, 160, 32, 128, 100),
+            shape: shape(1, 20, 160, 32, 128, 64),
             opts: opts(Global, Probs, Bf16, GradDtype::Bf16),
             gen: gen(Padding::OutOfRange, false),
             paired: false,

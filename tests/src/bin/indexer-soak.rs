@@ -9,8 +9,9 @@
 //! ```
 //!
 //! Kernel families (all that run on an H200): the `mma.sync` row kernels
-//! (every H x D, and H = 64, D = 128 with topk <= 64), the wgmma fast path
-//! (H = 64, D = 128 or 64, topk > 64), its paired kernel (even rows whose odd
+//! (every H x D with topk <= 64, H = 128 and H x D = 32 x 64 or 16 x 64
+//! at any topk), the wgmma fast path (H = 64 with D = 128 or 64, H = 32 or
+//! 16 with D = 128; topk > 64), its paired kernel (even rows whose odd
 //! rows copy the previous row's ids) and its chunk skip (topk >= 512,
 //! rows padded at their end); global and local ids, probabilities and
 //! log-probabilities, f32 and bf16 `d_index_k` and `d_weights`, positive
