@@ -197,7 +197,7 @@ pub(crate) fn check<'a, I: TopkId>(
         }
     }
     let ws_needed = workspace_bytes(want.shape, want.opts);
-    let held = collect(want, stream, inputs, outputs, ws_needed);
+    let held = collect(want, stream, inputs, outputs);
     let args = held.each_ref().map(|(a, _)| *a);
     let guards = held.map(|(_, g)| g);
     let ws_len = args[10].len;
@@ -244,7 +244,6 @@ fn collect<'a, I: TopkId>(
     stream: &'a CudaStream,
     inputs: &'a Inputs<'_, I>,
     outputs: &'a mut Outputs<'_>,
-    ws_needed: usize,
 ) -> [(Arg, Option<SyncOnDrop<'a>>); 11] {
     let s = want.shape;
     let Outputs {
@@ -254,9 +253,7 @@ fn collect<'a, I: TopkId>(
         d_index_k,
         workspace,
     } = outputs;
-    // f32 d_index_k is the accumulator itself, whose rows are
-    // bulk-reduced (16-byte aligned); bf16 is written by u32 stores.
-    let dk_align = if ws_needed == 0 { 16 } else { 4 };
+    let dk_align = dk_align(want.opts.d_index_k);
     let g = |(arg, guard): (Arg, SyncOnDrop<'a>)| (arg, Some(guard));
     [
         g(input("index_q", &inputs.index_q, stream, s.q_len(), 16)),
@@ -383,6 +380,16 @@ fn grad<'a>(
     match g {
         GradOut::F32(v) => output(name, v, stream, expected, align),
         GradOut::Bf16(v) => output(name, v, stream, expected, align),
+    }
+}
+
+/// Alignment `d_index_k` needs: an f32 one is the accumulator itself,
+/// whose rows are bulk-reduced (16-byte aligned); a bf16 one is written by
+/// u32 stores.
+pub(crate) fn dk_align(d_index_k: GradDtype) -> u64 {
+    match d_index_k {
+        GradDtype::F32 => 16,
+        GradDtype::Bf16 => 4,
     }
 }
 

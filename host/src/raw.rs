@@ -173,13 +173,7 @@ fn raw_args(shape: &Shape, opts: &Options, b: &RawBuffers, ctx: sys::CUcontext) 
         GradDtype::F32 => 4,
         GradDtype::Bf16 => 2,
     };
-    // As in `args::collect`: an f32 d_index_k is the accumulator, reduced
-    // in 16-byte rows; a bf16 one is written by u32 stores.
-    let dk_align = if opts.d_index_k == GradDtype::F32 {
-        16
-    } else {
-        4
-    };
+    let dk_align = args::dk_align(opts.d_index_k);
     let arg = |name, ptr, len: usize, elem: usize, align, output| Arg {
         name,
         ptr,
