@@ -128,7 +128,7 @@ fn select_with(
 }
 
 /// The wgmma path's kernels for the heads and head dimension of `shape`
-/// (H = 64 with D = 128 or 64, H = 32 or 16 with D = 128), or `None`.
+/// (H = 64 with D = 128 or 64, H = 128, 32 or 16 with D = 128), or `None`.
 fn wg_row(shape: &Shape) -> Option<sm90::WgRow> {
     let (h, d) = (
         u32::try_from(shape.heads).ok()?,
@@ -479,7 +479,7 @@ mod tests {
 
     #[test]
     fn the_fast_path_follows_the_module_and_the_shape() {
-        // sm_90a only, H = 64 with D = 128 or 64, H = 32 or 16 with
+        // sm_90a only, H = 64 with D = 128 or 64, H = 128, 32 or 16 with
         // D = 128, more than one 64-slot chunk per row.
         let fast =
             |major, minor, s: &Shape| select(major, minor, s, Backend::Hopper).unwrap().wgmma;
@@ -489,7 +489,8 @@ mod tests {
         assert!(fast(9, 0, &shape(16, 128, 65)));
         assert!(!fast(9, 0, &shape(32, 128, 64)));
         assert!(!fast(9, 0, &shape(16, 128, 64)));
-        assert!(!fast(9, 0, &shape(128, 128, 256)));
+        assert!(fast(9, 0, &shape(128, 128, 256)));
+        assert!(!fast(9, 0, &shape(128, 128, 64)));
         assert!(!fast(9, 0, &shape(16, 64, 256)));
         assert!(fast(9, 0, &shape(64, 64, 256)));
         assert!(fast(9, 0, &shape(64, 64, 65)));
@@ -608,21 +609,22 @@ mod tests {
     }
 
     #[test]
-    fn h32_and_h16_d128_take_their_wgmma_row_kernels_above_one_chunk() {
+    fn h128_h32_and_h16_d128_take_their_wgmma_kernels_above_one_chunk() {
         use GradDtype::{Bf16, F32};
         let rows = |h, d| PathKind::Rows {
             kernel: grad_kernel_name(h, d).unwrap(),
         };
         for (h, name) in [
-            (32u32, "indexer_bwd_wg_h32_d128"),
+            (128u32, "indexer_bwd_wg_h128_d128"),
+            (32, "indexer_bwd_wg_h32_d128"),
             (16, "indexer_bwd_wg_h16_d128"),
         ] {
             let want = PathKind::Sm90 {
                 row: sm90::row_kernel(h, 128).unwrap(),
                 paired: false,
             };
-            // Even and odd row counts alike: no paired kernel, and no
-            // stage-1 chunk counts (rows of fewer than 64 heads).
+            // Even and odd row counts alike: no paired kernel; stage-1
+            // chunk counts from SKIP_MIN_TOPK on, as for H = 64.
             let odd = Shape {
                 seq_q: 101,
                 batch: 1,
@@ -636,7 +638,8 @@ mod tests {
                     assert_eq!(p.kernels(F32), [STAGE1_KERNEL, name]);
                     assert!(p.kernels(Bf16).contains(&name));
                 }
-                assert!(!crate::launch::sm90::row_chunks(&s), "{s:?}");
+                let counts = s.topk >= sm90::SKIP_MIN_TOPK as usize;
+                assert_eq!(crate::launch::sm90::row_chunks(&s), counts, "{s:?}");
             }
             // One chunk, D = 64 and other GPUs keep the row kernels.
             assert_eq!(path(9, 0, &shape(hs, 128, 64), Backend::Auto), rows(h, 128));
@@ -651,6 +654,15 @@ mod tests {
         // H = 64 keeps its chunk counts from SKIP_MIN_TOPK on.
         assert!(crate::launch::sm90::row_chunks(&shape(64, 128, 2048)));
         assert!(crate::launch::sm90::row_chunks(&shape(64, 64, 2048)));
+        // H = 128 runs one CTA of two halves per SM, on the paired layout.
+        let h128 = sm90::row_kernel(128, 128).unwrap();
+        assert_eq!(
+            (h128.threads, h128.bytes),
+            (sm90::PAIR.threads, sm90::PAIR.bytes)
+        );
+        assert_eq!(h128.grid(10_000, 132), 132);
+        assert_eq!(sm90::row_kernel(64, 128).unwrap().grid(10_000, 132), 264);
+        assert!(sm90::row_kernel(128, 64).is_none());
     }
 
     #[test]

@@ -17,10 +17,11 @@ pub const FLAG_LOCAL_IDS: u32 = 1 << 0;
 pub const FLAG_LOG_SCORE: u32 = 1 << 1;
 /// Flag bit: `d_weights` is written as f32 rather than bf16.
 pub const FLAG_DW_F32: u32 = 1 << 2;
-/// Flag bit (Hopper fast path only, H = 64): the stage-1 kernel also
+/// Flag bit (Hopper fast path only): the stage-1 kernel also
 /// writes, for each query row, the number of [`ROW_CHUNK_SLOTS`]-slot chunks
 /// up to and including the last one holding a valid slot, as a `u16` over
-/// the first two bytes of that row's `d_weights` block (`H = 64` elements).
+/// the first two bytes of that row's `d_weights` block
+/// ([`GradParams::heads`] elements, at least 16).
 /// The stage-2 kernel reads it after `griddepcontrol.wait`, skips the
 /// row's trailing all-padding chunks (their gradients are exactly zero),
 /// and overwrites it with the row's d_weights.
@@ -40,19 +41,20 @@ pub const FLAG_IDS_I64: u32 = 1 << 5;
 /// Slots per chunk of the count [`FLAG_ROW_CHUNKS`] asks for (the wgmma
 /// kernel's chunk).
 pub const ROW_CHUNK_SLOTS: u32 = 64;
-/// Heads of the rows whose `d_weights` blocks carry that count.
-pub const ROW_CHUNK_HEADS: u32 = 64;
+/// The fewest heads whose `d_weights` row block carries that count (16
+/// bf16 elements: 32 bytes, room for the `u16`).
+pub const ROW_CHUNK_MIN_HEADS: u32 = 16;
 /// Largest topk whose chunk count fits the `u16`.
 pub const ROW_CHUNK_MAX_TOPK: u32 = u16::MAX as u32 * ROW_CHUNK_SLOTS;
 
 /// Byte offset in `d_weights` of the chunk count of query row `row`
-/// ([`FLAG_ROW_CHUNKS`]): the start of the row's block of
-/// [`ROW_CHUNK_HEADS`] elements, f32 or bf16 by [`FLAG_DW_F32`] in
-/// `flags`. The one definition stage 1 (writer) and the wgmma kernel
-/// (reader) share.
-pub const fn row_chunks_at(row: u32, flags: u32) -> usize {
+/// ([`FLAG_ROW_CHUNKS`]): the start of the row's block of `heads`
+/// elements, f32 or bf16 by [`FLAG_DW_F32`] in `flags`. The one
+/// definition stage 1 (writer, `heads` from [`GradParams::heads`]) and the
+/// wgmma kernels (readers, their compile-time heads) share.
+pub const fn row_chunks_at(row: u32, heads: u32, flags: u32) -> usize {
     let elem = if flags & FLAG_DW_F32 != 0 { 4 } else { 2 };
-    row as usize * ROW_CHUNK_HEADS as usize * elem
+    row as usize * heads as usize * elem
 }
 
 /// Parameters of the fused row kernel (score gradient + gradients), one CTA
@@ -95,8 +97,10 @@ pub struct GradParams {
     pub coeff: f32,
     /// `FLAG_*` bits.
     pub flags: u32,
-    /// Keeps the struct a multiple of 8 bytes on both sides.
-    pub _pad: u32,
+    /// Heads H of `index_q`, `weights` and `d_weights` (the kernels built
+    /// for one H do not read it; stage 1, which serves every H, finds each
+    /// row's `d_weights` block with it for [`FLAG_ROW_CHUNKS`]).
+    pub heads: u32,
 }
 
 /// Parameters of the f32 -> bf16 cast of the `d_index_k` accumulator.
@@ -447,10 +451,18 @@ mod tests {
 
     #[test]
     fn row_chunk_counts_sit_at_the_start_of_each_d_weights_row() {
-        assert_eq!(row_chunks_at(0, 0), 0);
-        assert_eq!(row_chunks_at(3, 0), 3 * 64 * 2);
-        assert_eq!(row_chunks_at(3, FLAG_DW_F32 | FLAG_ROW_CHUNKS), 3 * 64 * 4);
-        assert_eq!(row_chunks_at(3, FLAG_LOCAL_IDS), row_chunks_at(3, 0));
+        assert_eq!(row_chunks_at(0, 64, 0), 0);
+        assert_eq!(row_chunks_at(3, 64, 0), 3 * 64 * 2);
+        assert_eq!(
+            row_chunks_at(3, 64, FLAG_DW_F32 | FLAG_ROW_CHUNKS),
+            3 * 64 * 4
+        );
+        assert_eq!(
+            row_chunks_at(3, 64, FLAG_LOCAL_IDS),
+            row_chunks_at(3, 64, 0)
+        );
+        assert_eq!(row_chunks_at(5, 16, 0), 5 * 32);
+        assert_eq!(row_chunks_at(5, 128, FLAG_DW_F32), 5 * 512);
     }
 
     #[test]

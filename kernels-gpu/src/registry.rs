@@ -354,6 +354,17 @@ pub const SM90_WG_PAIR: Kernel = k(
     Targets::SM90A,
 );
 
+/// The wgmma kernel for H = 128, D = 128 (`sm90`, the paired kernel's body
+/// with the two halves on one row's two 64-head halves): as
+/// [`SM90_WG_PAIR`].
+pub const SM90_WG_H128: Kernel = k(
+    "indexer_bwd_wg_h128_d128",
+    Param::Grad,
+    512,
+    Bounds::Max { min_ctas: 1 },
+    Targets::SM90A,
+);
+
 /// The toolchain smoke kernel (mbarrier, shared memory).
 pub const SMOKE: Kernel = k(
     "smoke_mbarrier_reverse",
@@ -482,7 +493,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 34] = [
+pub const KERNELS: [Kernel; 35] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -499,6 +510,7 @@ pub const KERNELS: [Kernel; 34] = [
     SM90_WG_H32,
     SM90_WG_H16,
     SM90_WG_PAIR,
+    SM90_WG_H128,
     SMOKE,
     CEIL_MMA_K,
     CEIL_SCATTER_RED_K,

@@ -203,8 +203,8 @@ macro_rules! score_grad_kernel {
                         // SAFETY: written before the barrier.
                         live = live.max(unsafe { smem::ld_u32(part_at(2, w)) });
                     }
-                    let at = row_chunks_at(row, p.flags);
-                    // SAFETY: the host sets the flag only for H = ROW_CHUNK_HEADS
+                    let at = row_chunks_at(row, p.heads, p.flags);
+                    // SAFETY: the host sets the flag only for H >= ROW_CHUNK_MIN_HEADS
                     // and topk <= ROW_CHUNK_MAX_TOPK; the row's d_weights block has
                     // H elements of 2 or 4 bytes (at least 2-byte aligned), which
                     // the stage-2 kernel overwrites after reading this count.

@@ -434,7 +434,9 @@ fn dynamic_smem(kernel: &str) -> String {
             kernels_gpu::sm90::SMEM.bytes
         }
         Param::Grad if *k == registry::SM90_WG_D64 => kernels_gpu::sm90::SMEM_D64.bytes,
-        Param::Grad if *k == registry::SM90_WG_PAIR => kernels_gpu::sm90::PAIR.bytes,
+        Param::Grad if *k == registry::SM90_WG_PAIR || *k == registry::SM90_WG_H128 => {
+            kernels_gpu::sm90::PAIR.bytes
+        }
         Param::Grad => {
             let row = SUPPORTED_HEADS
                 .into_iter()

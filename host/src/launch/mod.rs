@@ -191,7 +191,7 @@ pub(crate) fn grad_params(
         sm_scale: opts.sm_scale,
         coeff: (loss_coeff as f64 / shape.rows() as f64) as f32,
         flags,
-        _pad: 0,
+        heads: shape.heads as u32,
     }
 }
 

@@ -5,15 +5,14 @@
 //!
 //! Chosen ([`crate::select::PathKind::Sm90`]) on compute capability 9.0,
 //! whose `sm_90a` module alone holds these kernels, for H = 64 with D = 128
-//! or 64, and H = 32 or 16 with D = 128 (`kernels_gpu::sm90::row_kernel`:
-//! each its own row kernel, layout and stage 1) and more than one 64-slot
-//! chunk per row
-//! (`kernels_gpu::sm90::supports`), under `Backend::Auto` or
-//! `Backend::Hopper`. With H = 64, D = 128 and an even number of rows
-//! the paired kernel (`sm90::WG_PAIR_KERNEL`, two rows that share keys per
-//! CTA) is launched too, between stage 1 and the row kernel: a test on the
-//! ids inside both picks the one that computes, the other exits at once
-//! (`FLAG_PAIR_DISPATCH`).
+//! or 64, and H = 128, 32 or 16 with D = 128 (`kernels_gpu::sm90::row_kernel`:
+//! each its own kernel, layout, launch shape and stage 1) and more than
+//! one 64-slot chunk per row (`kernels_gpu::sm90::supports`), under
+//! `Backend::Auto` or `Backend::Hopper`. With H = 64, D = 128 and an even
+//! number of rows the paired kernel (`sm90::WG_PAIR_KERNEL`, two rows that
+//! share keys per CTA) is launched too, between stage 1 and the row
+//! kernel: a test on the ids inside both picks the one that computes, the
+//! other exits at once (`FLAG_PAIR_DISPATCH`).
 
 use super::common::{launch_stage1, Run};
 use crate::error::Result;
@@ -25,24 +24,24 @@ use kernels_gpu::sm90;
 use std::sync::Arc;
 
 /// Whether stage 1 counts each row's live chunks (over its `d_weights`
-/// block) so that the wgmma kernel skips the rest: from
-/// `sm90::SKIP_MIN_TOPK` slots per row on, for H = 64 only (the count sits
-/// in a row block of `abi::ROW_CHUNK_HEADS` d_weights elements; the
-/// H = 32 and 16 kernels run every chunk of a row and ignore the flag).
+/// block, `abi::row_chunks_at`) so that the wgmma kernel skips the rest:
+/// from `sm90::SKIP_MIN_TOPK` slots per row on (every H of the path has
+/// at least `abi::ROW_CHUNK_MIN_HEADS` d_weights elements per row).
 pub(crate) fn row_chunks(shape: &Shape) -> bool {
     shape.topk >= sm90::SKIP_MIN_TOPK as usize
-        && shape.heads == kernels_gpu::abi::ROW_CHUNK_HEADS as usize
+        && shape.heads >= kernels_gpu::abi::ROW_CHUNK_MIN_HEADS as usize
 }
 
 /// The loaded kernels of the fast path and their grids.
 pub(crate) struct Wgmma {
     stage1: CudaFunction,
-    /// The persistent wgmma row kernel of the head dimension
-    /// (`sm90::WgRow::kernel`).
+    /// The persistent wgmma kernel of the shape (`sm90::WgRow::kernel`).
     row: CudaFunction,
-    /// Its dynamic shared memory (`sm90::WgRow::smem`).
+    /// Its threads per CTA (`sm90::WgRow::threads`).
+    row_threads: u32,
+    /// Its dynamic shared memory (`sm90::WgRow::bytes`).
     row_smem: u32,
-    /// CTAs of `row` (`sm90::grid`).
+    /// CTAs of `row` (`sm90::WgRow::grid`).
     grid: u32,
     /// The paired kernel and its grid, with an even number of rows.
     pair: Option<(CudaFunction, u32)>,
@@ -73,12 +72,13 @@ impl Wgmma {
         };
         let row = module.load_function(wg.kernel)?;
         let stage1 = module.load_function(wg.stage1)?;
-        gpu::set_dynamic_smem(&row, wg.smem.bytes)?;
+        gpu::set_dynamic_smem(&row, wg.bytes)?;
         Ok(Wgmma {
             stage1,
             row,
-            row_smem: wg.smem.bytes,
-            grid: sm90::grid(rows, sms),
+            row_threads: wg.threads,
+            row_smem: wg.bytes,
+            grid: wg.grid(rows, sms),
             pair,
         })
     }
@@ -93,8 +93,8 @@ impl Wgmma {
         let mut p = run.params;
         // SAFETY: `p` checked for the shape; stage 1's contract is kept by
         // `launch_stage1`; the paired kernel runs `sm90::PAIR`'s CTAs on
-        // `pair`'s grid, the row kernel `sm90::THREADS` on `grid` with
-        // `row_smem` bytes, its layout's (limits raised in `new`); stage 1
+        // `pair`'s grid, the row kernel `row_threads` on `grid` with
+        // `row_smem` bytes, its `WgRow`'s (limits raised in `new`); stage 1
         // is the one of the row kernel's D (it zeroes `B*S_k*D`). Both are
         // programmatic dependents: each executes griddepcontrol.wait before
         // it reads what stage 1 writes, and the paired kernel exits only
@@ -120,7 +120,7 @@ impl Wgmma {
                 stream,
                 &self.row,
                 self.grid,
-                sm90::THREADS,
+                self.row_threads,
                 self.row_smem,
                 &p,
             )?;

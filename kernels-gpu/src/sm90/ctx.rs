@@ -13,12 +13,24 @@
 //! wgmma descriptors per thread and moved each to a uniform register
 //! before every wgmma, which slowed the paired kernel down).
 
-use super::{row_chunks, Pos, CHUNK, HEADS, PAIR, Q_BYTES, SMEM, SPLIT, THREADS};
+use super::{row_chunks, Pos, CHUNK, HEADS, PAIR, Q_BYTES, Q_HEADS, SMEM, SPLIT, THREADS};
 use crate::abi::GradParams;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{sreg, sync};
 use crate::sched::{row_at, row_count};
 use crate::score::ids_i64;
+
+/// Whether the two halves of a paired CTA hold the two 64-head halves of
+/// one row (H = 128, `super::h128`) instead of two rows: half `h` takes
+/// heads `64 h .. 64 h + 64` of the same rows, and every item is fused.
+pub(super) const HEAD_HALVES: bool = Q_HEADS > HEADS;
+const _: () = assert!(Q_HEADS <= 2 * HEADS);
+
+/// With [`HEAD_HALVES`], whether the halves share one pair of K buffers
+/// (half 0's), each gathering the K rows of half the chunk's slots; their
+/// uniform barriers are then the CTA's (a K chunk is complete only when
+/// both halves' copies are).
+pub(super) const SHARED_K: bool = HEAD_HALVES;
 
 /// The named barriers of the wgmma kernels (`barrier.sync` /
 /// `barrier.arrive` ids). The row kernel uses only [`Bar::Cta`]; the paired
@@ -189,7 +201,14 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
         let tid_cta = sreg::thread_idx_x();
         let base0 = (smem::base().0 + 1023) & !1023;
         let (base, pbase) = (half_base(base0, HALF), half_base(base0, 1 - HALF));
-        let (sq0, sk, sds, sdk) = (base.add(l.q), base.add(l.k), base.add(l.ds), base.add(l.dk));
+        // Shared K buffers (`SHARED_K`): half 0's.
+        let kbase = if SHARED_K { half_base(base0, 0) } else { base };
+        let (sq0, sk, sds, sdk) = (
+            base.add(l.q),
+            kbase.add(l.k),
+            base.add(l.ds),
+            base.add(l.dk),
+        );
         let (sgs0, srows0, sred_rows) = (base.add(l.gs), base.add(l.rows), base.add(l.red_rows));
         let sids0 = base.add(l.ids);
         let (sw0, sred) = (base.add(l.w), base.add(l.red));
@@ -203,8 +222,9 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
         let g = lane / 4;
         let c = 2 * (lane % 4);
         let (cta, ctas) = (sreg::block_idx_x(), sreg::grid_dim_x());
-        // Units dealt to CTAs: rows, or row pairs in the paired kernel.
-        let units = if PAIRED {
+        // Units dealt to CTAs: rows, or row pairs in the paired kernel
+        // (H = 128: rows, the halves take their heads).
+        let units = if PAIRED && !HEAD_HALVES {
             p.batch * p.seq_q / 2
         } else {
             p.batch * p.seq_q
@@ -268,7 +288,7 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
         // SAFETY: the caller's contract; barrier 1 + half is used by no one
         // else, with THREADS threads.
         unsafe {
-            if PAIRED {
+            if PAIRED && !SHARED_K {
                 Bar::half(HALF).sync()
             } else {
                 Bar::Cta.sync()
@@ -278,10 +298,20 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
 
     /// Query row of local row `k` (paired: of this half).
     pub fn row_of(&self, k: u32) -> u32 {
-        if PAIRED {
+        if PAIRED && !HEAD_HALVES {
             2 * row_at(self.ctas, self.cta, k) + HALF
         } else {
             row_at(self.ctas, self.cta, k)
+        }
+    }
+
+    /// The first of this half's heads in the problem's rows: `64 HALF`
+    /// with [`HEAD_HALVES`], else 0.
+    pub fn head0(&self) -> u32 {
+        if HEAD_HALVES {
+            HALF * HEADS
+        } else {
+            0
         }
     }
 

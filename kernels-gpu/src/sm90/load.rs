@@ -5,7 +5,7 @@
 //! first key ids and the chunk counts; slot data never goes through
 //! registers (i64 ids as 8-byte copies, narrowed when resolved).
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, HEAD_HALVES, SHARED_K};
 use super::{swizzle, Pos, CHUNK, DIM, HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_HEADS, THREADS};
 use crate::abi::{row_chunks_at, FLAG_ROW_CHUNKS};
 use crate::ptx::smem;
@@ -15,13 +15,12 @@ use crate::score::{load_id, narrow_id_words, resolve};
 
 /// 16-byte vectors per bf16 row of D.
 const VECS: u32 = DIM / 8;
-// The gather gives each thread the same number of vectors.
-const _: () = assert!((CHUNK * VECS).is_multiple_of(THREADS));
+// The gather gives each thread the same number of vectors (with shared K
+// buffers, each half half of them).
+const _: () = assert!((CHUNK * VECS).is_multiple_of(2 * THREADS));
 
 /// Live chunks of local row `k` as stage 1 counted them (all of them
-/// without `FLAG_ROW_CHUNKS`, and always for fewer than 64 heads, whose
-/// `d_weights` rows do not carry the count; 2 past the CTA's rows, never
-/// used there).
+/// without `FLAG_ROW_CHUNKS`; 2 past the CTA's rows, never used there).
 /// The load's result is only used by `Ctx::chunks`, a row later.
 pub(super) fn load_count<const PAIRED: bool, const HALF: u32>(
     c: &Ctx<'_, PAIRED, HALF>,
@@ -31,19 +30,22 @@ pub(super) fn load_count<const PAIRED: bool, const HALF: u32>(
     if k >= c.my_rows {
         return 2;
     }
-    if Q_HEADS < HEADS || p.flags & FLAG_ROW_CHUNKS == 0 {
+    if p.flags & FLAG_ROW_CHUNKS == 0 {
         return c.nchunks;
     }
     let count = |row: u32| -> u32 {
-        let at = row_chunks_at(row, p.flags);
+        let at = row_chunks_at(row, Q_HEADS, p.flags);
         // SAFETY: read after griddepcontrol.wait: stage 1 wrote the
         // count over the first two bytes of the row's d_weights block
         // (at least 2-byte aligned), which only this CTA writes, at the
         // row's end, a row after this read and behind the barriers of
-        // its items (in the paired kernel, barriers of both halves).
+        // its items (in the paired kernel, barriers of both halves; with
+        // HEAD_HALVES half 0 writes it, as head 0's d_weights, at the
+        // row's end, after CTA-wide B2s that both halves reach after
+        // this read).
         unsafe { *(p.d_weights as *const u8).add(at).cast::<u16>() as u32 }
     };
-    if PAIRED {
+    if PAIRED && !HEAD_HALVES {
         // Both halves walk the pair's longer row.
         let r0 = 2 * row_at(c.ctas, c.cta, k);
         let (a, b) = (count(r0), count(r0 + 1));
@@ -144,7 +146,8 @@ pub(super) fn fetch<const PAIRED: bool, const HALF: u32>(
     cp_async::commit_group();
 }
 
-/// q tile (cp.async into its swizzle blocks) and weights of local row `k`.
+/// q tile (cp.async into its swizzle blocks) and weights of local row `k`
+/// (with `HEAD_HALVES`, this half's 64 heads of it).
 ///
 /// With fewer heads than the tile's rows (`Q_HEADS < HEADS`: H = 32 or
 /// 16 on the M = 64 tile) the padded rows `Q_HEADS..HEADS` of the q tile
@@ -158,19 +161,21 @@ pub(super) fn load_row<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, 
     const D: usize = DIM as usize;
     let (p, tid) = (c.p, c.tid);
     let row = c.row_of(k) as usize;
-    let qrow = (p.index_q as *const u8).wrapping_add(row * H * D * 2);
+    let h0 = c.head0() as usize;
+    let qrow = (p.index_q as *const u8).wrapping_add((row * H + h0) * D * 2);
     let sq = c.q_buf(k);
     let mut v = tid;
     while v < HEADS * VECS {
         let (h, cc) = (v / VECS, v % VECS);
         let dst = sq.add((cc / 8) * Q_BLOCK + swizzle(h, (cc % 8) * 16));
         // SAFETY: the row has H*D bf16, 16-byte aligned (host-checked
-        // base, D*2 a multiple of 16), and vector v < H*D/8 lies inside
-        // it; padded heads copy 0 bytes (zero fill) from the row's start;
+        // base, D*2 a multiple of 16), and vector v of heads h0.. lies
+        // inside it (h0 + 64 <= H); padded heads copy 0 bytes (zero fill)
+        // from the row's start;
         // the buffer's previous readers passed a barrier (pipeline note);
         // read after wait_all and a barrier.
         unsafe {
-            let (src, n) = if Q_HEADS == HEADS || v < Q_HEADS * VECS {
+            let (src, n) = if Q_HEADS >= HEADS || v < Q_HEADS * VECS {
                 (qrow.add(v as usize * 16), 16)
             } else {
                 (qrow, 0)
@@ -182,11 +187,11 @@ pub(super) fn load_row<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, 
     cp_async::commit_group();
     let mut h = tid;
     while h < HEADS {
-        // SAFETY: weights has B*S_q*H bf16 and only h < H is read; this
-        // thread owns slot h.
+        // SAFETY: weights has B*S_q*H bf16 and only h0 + h < H is read;
+        // this thread owns slot h.
         unsafe {
-            let w = if Q_HEADS == HEADS || h < Q_HEADS {
-                cvt::bf16_to_f32(*(p.weights as *const u16).add(row * H + h as usize))
+            let w = if Q_HEADS >= HEADS || h < Q_HEADS {
+                cvt::bf16_to_f32(*(p.weights as *const u16).add(row * H + h0 + h as usize))
             } else {
                 0.0
             };
@@ -226,13 +231,17 @@ pub(super) fn gather<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HA
     // All of this thread's key rows loaded before its first copy, so
     // their latency is paid once, not in front of every copy. Measured
     // on the H200: see docs/perf-history.md ("loads ahead of their use").
-    const PER_THREAD: usize = (CHUNK * VECS / THREADS) as usize;
+    // Shared K buffers (`SHARED_K`): half h copies the vectors of slots
+    // `32 h .. 32 h + 32`.
+    const SHARES: u32 = if SHARED_K { 2 } else { 1 };
+    const PER_THREAD: usize = (CHUNK * VECS / THREADS / SHARES) as usize;
+    let first = if SHARED_K { HALF * CHUNK * VECS / 2 } else { 0 };
     let mut r = [0i32; PER_THREAD];
     for (i, x) in r.iter_mut().enumerate() {
-        *x = row(tid + i as u32 * THREADS);
+        *x = row(first + tid + i as u32 * THREADS);
     }
     for (i, &x) in r.iter().enumerate() {
-        copy(tid + i as u32 * THREADS, x);
+        copy(first + tid + i as u32 * THREADS, x);
     }
     cp_async::commit_group();
 }

@@ -38,15 +38,9 @@ mod sched;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod ctx;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod d64;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod entry;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod gate;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod h16;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod h32;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod load;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
@@ -59,6 +53,44 @@ mod reduce;
 mod row_end;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod wg;
+
+/// Compiles the role modules' source files (and the body, `wg`) again as
+/// children of the module that invokes it, which shadows the constants
+/// they read from their parent (`DIM`, `Q_HEADS`, ...). Invoked from a
+/// `mod.rs` one directory below this one (`d64/`, `h32/`, `h16/`,
+/// `h128/`): the paths are relative to that file's directory.
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+macro_rules! role_modules {
+    () => {
+        #[path = "../ctx.rs"]
+        mod ctx;
+        #[path = "../gate.rs"]
+        mod gate;
+        #[path = "../load.rs"]
+        mod load;
+        #[path = "../mma.rs"]
+        mod mma;
+        #[path = "../pair.rs"]
+        mod pair;
+        #[path = "../reduce.rs"]
+        mod reduce;
+        #[path = "../row_end.rs"]
+        mod row_end;
+        #[path = "../wg.rs"]
+        mod wg;
+    };
+}
+
+// The other shapes' kernels: the role modules compiled again with their
+// constants (`role_modules!`).
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod d64;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod h128;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod h16;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod h32;
 
 pub use sched::{grid, pair_grid, row_chunks, Pos, Walk, SKIP_MIN_TOPK};
 
@@ -81,6 +113,12 @@ pub const WG_H16_KERNEL: &str = crate::registry::SM90_WG_H16.name;
 /// in step, so that where the two rows select the same key in the same
 /// slot the pair reduces the sum of both dK rows once ([`PAIR`]).
 pub const WG_PAIR_KERNEL: &str = crate::registry::SM90_WG_PAIR.name;
+/// PTX entry name of the wgmma kernel for H = 128, D = 128 (sm_90a PTX
+/// only): the paired kernel's body with both halves of a CTA on the same
+/// row, half `h` holding heads `64 h .. 64 h + 64` (`HEAD_HALVES` in
+/// `ctx`); every item is fused (one dK product over all 128 heads,
+/// alternating between the halves, each key row reduced once).
+pub const WG_H128_KERNEL: &str = crate::registry::SM90_WG_H128.name;
 
 /// Heads of the wgmma kernel (the M = 64 of one warpgroup MMA).
 pub const HEADS: u32 = 64;
@@ -154,7 +192,9 @@ const SPLIT: bool = false;
 /// rows `Q_HEADS..HEADS` are zero-filled by the q loads, the padded heads'
 /// weights are 0 (so their dS and d_weights partials are 0 and they add
 /// nothing to dK), and only the real heads are read from `index_q` /
-/// `weights` and stored to d_index_q / d_weights.
+/// `weights` and stored to d_index_q / d_weights. `h128` compiles them with
+/// 128 under the paired body: each half of the CTA takes one 64-head half
+/// of the row.
 #[cfg_attr(
     not(all(target_arch = "nvptx64", kernels_arch = "sm_90a")),
     allow(dead_code)
@@ -236,45 +276,69 @@ pub const fn smem(d: u32) -> WgSmem {
 /// The kernels of the wgmma path for one shape (heads, head dimension).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgRow {
-    /// The wgmma row kernel ([`WG_KERNEL`], [`WG_D64_KERNEL`],
-    /// [`WG_H32_KERNEL`] or [`WG_H16_KERNEL`]).
+    /// The wgmma kernel ([`WG_KERNEL`], [`WG_D64_KERNEL`],
+    /// [`WG_H32_KERNEL`], [`WG_H16_KERNEL`] or [`WG_H128_KERNEL`]).
     pub kernel: &'static str,
     /// The stage-1 kernel launched ahead of it (zeroing a `B*S_k*D`
     /// accumulator).
     pub stage1: &'static str,
-    /// The row kernel's layout ([`smem`] of its D).
+    /// The layout of one pair of warpgroups ([`smem`] of its D).
     pub smem: WgSmem,
+    /// Threads per CTA: [`THREADS`], or `PAIR.threads` for H = 128 (two
+    /// halves on one row).
+    pub threads: u32,
+    /// Dynamic shared memory to request: `smem.bytes`, or `PAIR.bytes`.
+    pub bytes: u32,
+    /// Resident CTAs per SM the persistent grid counts on (the launch
+    /// bounds): [`CTAS_PER_SM`], or 1 for H = 128.
+    pub ctas_per_sm: u32,
     /// Whether the paired kernel exists for this shape (H = 64, D = 128).
     pub paired: bool,
-    /// Whether the row kernel reads stage 1's per-row chunk counts
-    /// (`FLAG_ROW_CHUNKS`, which needs rows of
-    /// [`crate::abi::ROW_CHUNK_HEADS`] heads in d_weights): H = 64 only.
-    pub row_chunks: bool,
+}
+
+impl WgRow {
+    /// The persistent grid for `rows` query rows on `sms` SMs (one row per
+    /// CTA at a time, rows dealt round robin).
+    pub const fn grid(&self, rows: u32, sms: u32) -> u32 {
+        crate::sched::grid(rows, sms, self.ctas_per_sm)
+    }
 }
 
 /// The wgmma path's kernels for `heads` x `dim`, or `None` for a shape it
-/// does not take (H = 64 with D = 128 or 64, H = 32 or 16 with D = 128).
+/// does not take (H = 64 with D = 128 or 64, H = 128, 32 or 16 with
+/// D = 128).
 pub const fn row_kernel(heads: u32, dim: u32) -> Option<WgRow> {
-    // H = 64 (paired, chunk counts) or fewer heads padded, on D = 128.
-    const fn d128(kernel: &'static str, paired: bool) -> Option<WgRow> {
-        Some(WgRow {
+    // Two warpgroups on one row, two CTAs per SM.
+    const fn row(kernel: &'static str, stage1: &'static str, smem: WgSmem, paired: bool) -> WgRow {
+        WgRow {
             kernel,
-            stage1: crate::registry::STAGE1.name,
-            smem: SMEM,
+            stage1,
+            smem,
+            threads: THREADS,
+            bytes: smem.bytes,
+            ctas_per_sm: CTAS_PER_SM,
             paired,
-            row_chunks: paired,
-        })
+        }
     }
+    let s1 = crate::registry::STAGE1.name;
     match (heads, dim) {
-        (HEADS, DIM) => d128(WG_KERNEL, true),
-        (32, DIM) => d128(WG_H32_KERNEL, false),
-        (16, DIM) => d128(WG_H16_KERNEL, false),
-        (HEADS, 64) => Some(WgRow {
-            kernel: WG_D64_KERNEL,
-            stage1: crate::registry::STAGE1_D64.name,
-            smem: SMEM_D64,
+        (HEADS, DIM) => Some(row(WG_KERNEL, s1, SMEM, true)),
+        (32, DIM) => Some(row(WG_H32_KERNEL, s1, SMEM, false)),
+        (16, DIM) => Some(row(WG_H16_KERNEL, s1, SMEM, false)),
+        (HEADS, 64) => Some(row(
+            WG_D64_KERNEL,
+            crate::registry::STAGE1_D64.name,
+            SMEM_D64,
+            false,
+        )),
+        (128, DIM) => Some(WgRow {
+            kernel: WG_H128_KERNEL,
+            stage1: s1,
+            smem: SMEM,
+            threads: PAIR.threads,
+            bytes: PAIR.bytes,
+            ctas_per_sm: 1,
             paired: false,
-            row_chunks: true,
         }),
         _ => None,
     }
@@ -345,6 +409,11 @@ pub const PAIR: PairLayout = {
 const _: () = assert!(PAIR.votes + 2 * VOTE_SET_BYTES <= PAIR.half_stride);
 const _: () = assert!(PAIR.votes.is_multiple_of(16) && VOTE_SET_BYTES == 32);
 const _: () = assert!(crate::registry::SM90_WG_PAIR.threads == PAIR.threads);
+const _: () = assert!(crate::registry::SM90_WG_H128.threads == PAIR.threads);
+const _: () = assert!(matches!(
+    crate::registry::SM90_WG_H128.bounds,
+    crate::registry::Bounds::Max { min_ctas: 1 }
+));
 
 /// Row pairs the dispatch test samples.
 pub const PAIR_SAMPLES: u32 = 8;
@@ -481,8 +550,10 @@ const _: () = {
     // Bank spread of the staged dK rows: 8 banks mod 32.
     assert!(dk_stride(DIM) / 4 % 32 == 8 && dk_stride(64) / 4 % 32 == 8);
 };
-// The stage-1 chunk count is in this kernel's chunks and heads.
-const _: () = assert!(crate::abi::ROW_CHUNK_SLOTS == CHUNK && crate::abi::ROW_CHUNK_HEADS == HEADS);
+// The stage-1 chunk count is in this kernel's chunks, and every H it runs
+// (16 and up) has room for it in d_weights.
+const _: () =
+    assert!(crate::abi::ROW_CHUNK_SLOTS == CHUNK && crate::abi::ROW_CHUNK_MIN_HEADS <= 16);
 // One warpgroup MMA covers all heads (M = 64); the S tile of a chunk is
 // split into one 32-slot half per warpgroup; dQ and dK into 64-column
 // halves of D; the dS tile is one swizzled row (64 slots) per head.
@@ -766,7 +837,12 @@ mod tests {
             (b.kernel, b.smem, b.paired),
             (WG_D64_KERNEL, SMEM_D64, false)
         );
-        assert!(a.row_chunks && b.row_chunks);
+        for r in [a, b] {
+            assert_eq!(
+                (r.threads, r.bytes, r.ctas_per_sm),
+                (THREADS, r.smem.bytes, CTAS_PER_SM)
+            );
+        }
         assert_eq!(a.stage1, crate::registry::STAGE1.name);
         assert_eq!(b.stage1, "indexer_score_grad_d64");
         assert!(row_kernel(64, 96).is_none() && row_kernel(64, 256).is_none());
@@ -774,7 +850,7 @@ mod tests {
     }
 
     #[test]
-    fn fewer_heads_take_the_d128_layout_and_stage1_without_pairs_or_counts() {
+    fn other_heads_take_the_d128_layout_and_stage1_without_pairs() {
         for (h, name) in [
             (32, "indexer_bwd_wg_h32_d128"),
             (16, "indexer_bwd_wg_h16_d128"),
@@ -783,12 +859,28 @@ mod tests {
             assert_eq!(r.kernel, name);
             assert_eq!(r.smem, SMEM, "the M = 64 tile, padded");
             assert_eq!(r.stage1, crate::registry::STAGE1.name);
-            assert!(!r.paired && !r.row_chunks);
+            assert_eq!(
+                (r.threads, r.bytes, r.ctas_per_sm),
+                (THREADS, SMEM.bytes, CTAS_PER_SM)
+            );
+            assert!(!r.paired);
             assert!(row_kernel(h, 64).is_none());
         }
         assert_eq!(WG_H32_KERNEL, "indexer_bwd_wg_h32_d128");
         assert_eq!(WG_H16_KERNEL, "indexer_bwd_wg_h16_d128");
-        for h in [8, 48, 128] {
+        // H = 128: the paired layout and launch shape, one CTA per SM.
+        let r = row_kernel(128, 128).unwrap();
+        assert_eq!(r.kernel, "indexer_bwd_wg_h128_d128");
+        assert_eq!((r.smem, r.stage1), (SMEM, crate::registry::STAGE1.name));
+        assert_eq!(
+            (r.threads, r.bytes, r.ctas_per_sm),
+            (PAIR.threads, PAIR.bytes, 1)
+        );
+        assert!(!r.paired);
+        assert_eq!(r.grid(5, 132), 5);
+        assert_eq!(r.grid(1000, 132), 132);
+        assert!(row_kernel(128, 64).is_none());
+        for h in [8, 48, 256] {
             assert!(row_kernel(h, 128).is_none(), "H = {h}");
         }
     }

@@ -27,12 +27,13 @@ pub(super) unsafe fn store_dq_park_dw<const PAIRED: bool, const HALF: u32>(
     const H: usize = Q_HEADS as usize;
     const D: usize = DIM as usize;
     let (p, wi, g, sm_scale) = (c.p, c.wi, c.g, c.sm_scale);
-    if (!SPLIT || c.wg == 0) && (Q_HEADS == HEADS || 16 * wi < Q_HEADS) {
-        // This thread's first (head, column) pair of the row; the others
-        // are constant offsets from it (keeps one live address).
-        let dq = (p.d_index_q as *mut u32).wrapping_add(
-            (row * H * D + (16 * wi + g) as usize * D + (c.dcol0 + c.c) as usize) / 2,
-        );
+    if (!SPLIT || c.wg == 0) && (Q_HEADS >= HEADS || 16 * wi < Q_HEADS) {
+        // This thread's first (head, column) pair of the row (of this
+        // half's heads with HEAD_HALVES); the others are constant offsets
+        // from it (keeps one live address).
+        let head = c.head0() + 16 * wi + g;
+        let dq = (p.d_index_q as *mut u32)
+            .wrapping_add((row * H * D + head as usize * D + (c.dcol0 + c.c) as usize) / 2);
         let mut packed = [0u32; 16];
         for (i, w) in packed.iter_mut().enumerate() {
             *w = cvt::pack_bf16x2(acc_q[2 * i] * sm_scale, acc_q[2 * i + 1] * sm_scale);
@@ -62,7 +63,7 @@ pub(super) unsafe fn store_dq_park_dw<const PAIRED: bool, const HALF: u32>(
 
 /// Sums the parked d_weights partials of query row `row` (the two
 /// warpgroups' slot halves, in order) and stores those of its `Q_HEADS`
-/// heads.
+/// heads (with `HEAD_HALVES`, of this half's 64).
 ///
 /// # Safety
 /// After the barrier M that follows [`store_dq_park_dw`].
@@ -73,9 +74,10 @@ pub(super) unsafe fn sum_dw<const PAIRED: bool, const HALF: u32>(
 ) {
     const H: usize = Q_HEADS as usize;
     let p = c.p;
+    let h0 = c.head0() as usize;
     let mut h = c.tid;
     // Real heads only (the padded ones' partials are 0, never stored).
-    while h < Q_HEADS {
+    while h < Q_HEADS.min(HEADS) {
         // Head h lives in warp h / 16 of each warpgroup: sum the
         // two warpgroups' partials (slot halves) in order.
         // SAFETY: partials written before barrier M.
@@ -87,7 +89,7 @@ pub(super) unsafe fn sum_dw<const PAIRED: bool, const HALF: u32>(
             }
             sum
         };
-        let idx = row * H + h as usize;
+        let idx = row * H + h0 + h as usize;
         // SAFETY: idx < B*S_q*H, the d_weights length (host-checked).
         unsafe {
             if p.flags & FLAG_DW_F32 != 0 {

@@ -68,7 +68,7 @@
 //! compiled to 110-112 registers in the row kernel (108 now) and made
 //! ptxas spill 16-48 bytes in the paired kernel at its 128-register cap.
 
-use super::ctx::{Bar, Ctx};
+use super::ctx::{Bar, Ctx, HEAD_HALVES};
 use super::gate::{gate, wait_s_and_inputs};
 use super::load::{fetch, first_id, gather, load_count, load_row, put_row, raw_id};
 use super::mma::{dk, dq, issue_s, wait_s};
@@ -121,6 +121,11 @@ struct State {
 /// which span the CTA (barrier 0); STAGED orders each item's reductions
 /// after both halves' staging, and B2 each staging after both halves'
 /// reductions of the previous items (`ctx::Bar`).
+///
+/// With `ctx::HEAD_HALVES` (H = 128, `super::h128`) the halves take the
+/// same rows instead, half `h` heads `64 h .. 64 h + 64`, one row per CTA
+/// at a time (`WgRow::grid` with one CTA per SM), and every item is
+/// fused (no votes).
 ///
 /// `go`: whether this kernel computes (the verdict of `pair::dispatch`); a
 /// CTA of the kernel the test did not pick has no rows.
@@ -200,7 +205,9 @@ unsafe fn prologue<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF
         // same prologue); barrier 0 is used by nothing else in flight.
         unsafe {
             Bar::Cta.sync();
-            vote(0, c.srows0, c.pbase.add(SMEM.rows), c.votes, c.tid);
+            if !HEAD_HALVES {
+                vote(0, c.srows0, c.pbase.add(SMEM.rows), c.votes, c.tid);
+            }
         }
     } else {
         // SAFETY: uniform control flow, every thread of the CTA.
@@ -271,7 +278,10 @@ unsafe fn item<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF>, s
     } else {
         0
     };
-    let voted = if PAIRED {
+    let voted = if PAIRED && HEAD_HALVES {
+        // The halves hold the same row's heads: every item is fused.
+        Some(it % 2)
+    } else if PAIRED {
         // SAFETY: after the barrier that follows the votes on this
         // item; the set is rewritten only after the next barrier M.
         unsafe { read_votes(it, c.votes) }
@@ -383,7 +393,7 @@ unsafe fn next_items<const PAIRED: bool, const HALF: u32>(
     let set = st.pipe.index();
     // ---- next items: slot data of c+2 into the set c just released
     // (same threads that copied its key rows above), K(c+1) complete ----
-    if PAIRED {
+    if PAIRED && !HEAD_HALVES {
         // Both halves' key rows of c+1 were written before this item's
         // B2 (each half's before its barrier M of c-1) and are
         // rewritten only after the next B2. Here, in front of the

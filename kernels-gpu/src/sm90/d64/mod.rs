@@ -31,22 +31,7 @@ const SMEM: WgSmem = SMEM_D64;
 /// Warpgroup 0 computes dQ, warpgroup 1 dK (module note).
 const SPLIT: bool = true;
 
-#[path = "../ctx.rs"]
-mod ctx;
-#[path = "../gate.rs"]
-mod gate;
-#[path = "../load.rs"]
-mod load;
-#[path = "../mma.rs"]
-mod mma;
-#[path = "../pair.rs"]
-mod pair;
-#[path = "../reduce.rs"]
-mod reduce;
-#[path = "../row_end.rs"]
-mod row_end;
-#[path = "../wg.rs"]
-mod wg;
+role_modules!();
 
 /// Persistent warpgroup-MMA stage-2 kernel for H = 64, D = 64, launched
 /// alone (no paired kernel); the launch contract of `wg::stage2` with

@@ -26,22 +26,7 @@ const Q_HEADS: u32 = 16;
 // Each warp's 16 heads are all real or all padding.
 const _: () = assert!(Q_HEADS.is_multiple_of(16) && Q_HEADS < HEADS);
 
-#[path = "../ctx.rs"]
-mod ctx;
-#[path = "../gate.rs"]
-mod gate;
-#[path = "../load.rs"]
-mod load;
-#[path = "../mma.rs"]
-mod mma;
-#[path = "../pair.rs"]
-mod pair;
-#[path = "../reduce.rs"]
-mod reduce;
-#[path = "../row_end.rs"]
-mod row_end;
-#[path = "../wg.rs"]
-mod wg;
+role_modules!();
 
 /// Persistent warpgroup-MMA stage-2 kernel for H = 16, D = 128, launched
 /// alone (no paired kernel); the launch contract of `wg::stage2` with
