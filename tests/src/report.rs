@@ -170,6 +170,17 @@ fn ids_name(v: &serde_json::Value) -> &'static str {
 /// [`IdStats`].
 pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     let mut s = String::new();
+    let mut shapes: Vec<(usize, usize)> = points
+        .iter()
+        .map(|p| (p.workload.heads, p.workload.dim))
+        .collect();
+    shapes.sort_unstable();
+    shapes.dedup();
+    // Several heads x head dimensions in one run: each row names its own.
+    let shape_of = |p: &Point| match shapes[..] {
+        [_] => String::new(),
+        _ => format!(" H{} D{}", p.workload.heads, p.workload.dim),
+    };
     let _ = writeln!(s, "| topk | ids | S_q x S_k | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us | valid slots (M) | slots/key | pair-aligned |");
     let _ = writeln!(
         s,
@@ -178,11 +189,12 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {} | {}x{} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} | {} | {} | {} |",
+            "| {} | {} | {}x{}{} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} | {} | {} | {} |",
             p.topk,
             p.ids,
             p.workload.seq_q,
             p.workload.seq_k,
+            shape_of(p),
             if p.dk == GradDtype::F32 { "f32" } else { "bf16" },
             p.median_us,
             p.min_us,
@@ -201,12 +213,6 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
             or_dash(p.stats.pair_aligned, 2)
         );
     }
-    let mut shapes: Vec<(usize, usize)> = points
-        .iter()
-        .map(|p| (p.workload.heads, p.workload.dim))
-        .collect();
-    shapes.sort_unstable();
-    shapes.dedup();
     if let [(h, d)] = shapes[..] {
         let _ = writeln!(s, "\nB = 1, H = {h}, D = {d}.");
     }

@@ -289,11 +289,12 @@ fn gpu_fast_path_d64_on_long_rows_matches_reference() {
     );
 }
 
-/// The H = 32 and 16, D = 128 shapes below run their wgmma row kernels on
-/// Hopper (the M = 64 head tile padded; the D = 128 stage 1, no paired
-/// kernel), whatever the row count.
-fn assert_padded_heads_fast_path(shape: Shape) {
-    let ctx = match gpu("assert_padded_heads_fast_path") {
+/// The H = 128, 32 and 16, D = 128 shapes below run their wgmma kernels
+/// on Hopper (H = 128: both halves of a CTA on one row; H = 32 and 16: the
+/// M = 64 head tile padded; the D = 128 stage 1, no paired kernel),
+/// whatever the row count.
+fn assert_own_wgmma_kernel(shape: Shape) {
+    let ctx = match gpu("assert_own_wgmma_kernel") {
         Some(c) => c,
         None => return,
     };
@@ -301,6 +302,7 @@ fn assert_padded_heads_fast_path(shape: Shape) {
     let (major, _) = ctx.compute_capability().expect("compute capability");
     if major == 9 {
         let kernel = match shape.heads {
+            128 => kernels_gpu::sm90::WG_H128_KERNEL,
             32 => kernels_gpu::sm90::WG_H32_KERNEL,
             _ => kernels_gpu::sm90::WG_H16_KERNEL,
         };
@@ -314,16 +316,16 @@ fn assert_padded_heads_fast_path(shape: Shape) {
     }
 }
 
-/// 96 cases at H = 32 and 16, D = 128 with topk 65-700 (the padded-head
-/// wgmma row kernels on Hopper: two or more 64-slot chunks), up to 200
+/// 144 cases at H = 128, 32 and 16, D = 128 with topk 65-700 (their own
+/// wgmma kernels on Hopper: two or more 64-slot chunks), up to 200
 /// query rows per batch (CTAs walk several rows), both id conventions,
 /// f32 and bf16 dK, i32 and i64 ids (every case runs both, `run_cases`),
 /// -1 and out-of-range padding, uniform and short (ragged) rows. Same
 /// checks.
 #[test]
-fn gpu_fast_path_h32_h16_d128_matches_reference_on_random_problems() {
-    for heads in [32, 16] {
-        assert_padded_heads_fast_path(Shape {
+fn gpu_fast_path_h128_h32_h16_d128_matches_reference_on_random_problems() {
+    for heads in [128, 32, 16] {
+        assert_own_wgmma_kernel(Shape {
             batch: 1,
             seq_q: 8,
             seq_k: 100,
@@ -332,22 +334,23 @@ fn gpu_fast_path_h32_h16_d128_matches_reference_on_random_problems() {
             topk: 65,
         });
     }
-    let cases = case(vec![32, 16], vec![128], 1..=200, 65..=700);
+    let cases = case(vec![128, 32, 16], vec![128], 1..=200, 65..=700);
     run_cases(
-        "gpu_fast_path_h32_h16_d128_matches_reference_on_random_problems",
+        "gpu_fast_path_h128_h32_h16_d128_matches_reference_on_random_problems",
         cases,
-        96,
+        144,
     );
 }
 
-/// 16 cases at H = 32 and 16, D = 128 with topk 512-2100, padding at the
-/// end of short rows (no chunk skip for these head counts: every chunk
-/// runs, the trailing ones all padding) and even row counts (where H = 64
-/// would launch the paired kernel). Same checks.
+/// 24 cases at H = 128, 32 and 16, D = 128 with topk 512-2100 (from
+/// `SKIP_MIN_TOPK` on, stage 1 counts each row's chunks and the kernel
+/// skips the trailing all-padding ones), padding at the end of short rows,
+/// and even row counts (where H = 64 would launch the paired kernel).
+/// Same checks.
 #[test]
-fn gpu_fast_path_h32_h16_d128_on_long_rows_matches_reference() {
-    for heads in [32, 16] {
-        assert_padded_heads_fast_path(Shape {
+fn gpu_fast_path_h128_h32_h16_d128_on_long_rows_matches_reference() {
+    for heads in [128, 32, 16] {
+        assert_own_wgmma_kernel(Shape {
             batch: 2,
             seq_q: 4,
             seq_k: 100,
@@ -356,7 +359,7 @@ fn gpu_fast_path_h32_h16_d128_on_long_rows_matches_reference() {
             topk: 2048,
         });
     }
-    let cases = case(vec![32, 16], vec![128], 1..=40, 512..=2100).prop_map(
+    let cases = case(vec![128, 32, 16], vec![128], 1..=40, 512..=2100).prop_map(
         |(mut shape, opts, seed, dups, _, trailing)| {
             if shape.rows() % 2 == 1 {
                 shape.seq_q += 1;
@@ -365,9 +368,9 @@ fn gpu_fast_path_h32_h16_d128_on_long_rows_matches_reference() {
         },
     );
     run_cases(
-        "gpu_fast_path_h32_h16_d128_on_long_rows_matches_reference",
+        "gpu_fast_path_h128_h32_h16_d128_on_long_rows_matches_reference",
         cases,
-        16,
+        24,
     );
 }
 

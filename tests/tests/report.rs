@@ -89,6 +89,23 @@ fn markdown_and_svg_render() {
     // 8.39 M valid slots over 65536 keys: 128 slots per key.
     assert!(md.contains("| 8.39 | 128.0 | 0.00 |"), "{md}");
     assert!(md.contains("B = 1, H = 64, D = 128."), "{md}");
+    // Two heads x head dimensions in one run: each row names its shape.
+    let mut h128 = point(512, "uniform", GradDtype::F32, 1500.0);
+    h128.workload.heads = 128;
+    let two = markdown(
+        &[point(512, "uniform", GradDtype::F32, 800.0), h128],
+        "test GPU",
+        &c,
+    );
+    assert!(
+        two.contains("| 512 | uniform | 8192x4096 H64 D128 | f32 | 800 |"),
+        "{two}"
+    );
+    assert!(
+        two.contains("| 512 | uniform | 8192x4096 H128 D128 | f32 | 1500 |"),
+        "{two}"
+    );
+    assert!(!two.contains("B = 1, H ="), "{two}");
     let path = std::env::temp_dir().join(format!("bench-{}.svg", std::process::id()));
     plot(path.to_str().unwrap(), &pts, &c).unwrap();
     let svg = std::fs::read_to_string(&path).unwrap();

@@ -76,12 +76,12 @@ struct Cli {
     /// Keys of the headline points.
     #[arg(long, default_value_t = 4096)]
     seq_k: usize,
-    /// Heads (all points).
-    #[arg(long, default_value_t = 64)]
-    heads: usize,
-    /// Head dimension (all points).
-    #[arg(long, default_value_t = 128)]
-    dim: usize,
+    /// Heads; a list runs every point at each (all points, with --dim).
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    heads: Vec<usize>,
+    /// Head dimensions; a list runs every point at each.
+    #[arg(long, value_delimiter = ',', default_value = "128")]
+    dim: Vec<usize>,
     /// topk of the headline points.
     #[arg(long, value_delimiter = ',', default_value = "128,256,512,1024,2048")]
     topk: Vec<usize>,
@@ -475,32 +475,37 @@ fn make_problem(rng: &mut impl Rng, shape: Shape, ids: IdKind) -> Problem {
     p
 }
 
-/// The points to measure: (workload, topk, ids).
+/// The points to measure: (workload, topk, ids), for each heads x head
+/// dimension of the command line in turn.
 fn cases(cli: &Cli) -> Vec<(Workload, usize, IdKind)> {
     let mut out = Vec::new();
-    if cli.long_context != LongContext::Only {
-        let w = Workload {
-            seq_q: cli.seq_q,
-            seq_k: cli.seq_k,
-            heads: cli.heads,
-            dim: cli.dim,
-        };
-        for &topk in &cli.topk {
-            for &ids in &cli.ids {
-                out.push((w, topk, ids));
+    for &heads in &cli.heads {
+        for &dim in &cli.dim {
+            if cli.long_context != LongContext::Only {
+                let w = Workload {
+                    seq_q: cli.seq_q,
+                    seq_k: cli.seq_k,
+                    heads,
+                    dim,
+                };
+                for &topk in &cli.topk {
+                    for &ids in &cli.ids {
+                        out.push((w, topk, ids));
+                    }
+                }
             }
-        }
-    }
-    if cli.long_context != LongContext::Off {
-        for &seq_k in &cli.long_seq_k {
-            let w = Workload {
-                seq_q: cli.long_seq_q,
-                seq_k,
-                heads: cli.heads,
-                dim: cli.dim,
-            };
-            for &ids in &cli.long_ids {
-                out.push((w, cli.long_topk, ids));
+            if cli.long_context != LongContext::Off {
+                for &seq_k in &cli.long_seq_k {
+                    let w = Workload {
+                        seq_q: cli.long_seq_q,
+                        seq_k,
+                        heads,
+                        dim,
+                    };
+                    for &ids in &cli.long_ids {
+                        out.push((w, cli.long_topk, ids));
+                    }
+                }
             }
         }
     }
@@ -526,7 +531,7 @@ fn run_workload(cli: &Cli) -> Res<()> {
     let ceil = measure_ceilings(&ctx, &stream, cli.seq_k);
     let scatter_ceiling = ceil.scatter_bulk.max(ceil.scatter_red);
     println!(
-        "GPU {gpu_name}; B=1 H={} D={}; {runs} runs after {} warm-ups",
+        "GPU {gpu_name}; B=1 H={:?} D={:?}; {runs} runs after {} warm-ups",
         cli.heads, cli.dim, cli.warmup
     );
     println!(

@@ -97,12 +97,34 @@ fn cases() -> Vec<Case> {
         Case {
             // H = 32, D = 128: the M = 64 head tile padded (q rows 32..63
             // zero-filled, no reads past the row's 32 heads), the D = 128
-            // stage 1, no paired kernel or chunk skip; odd rows, bf16 dK
-            // (cast), i64 ids, out-of-range padding.
+            // stage 1, no paired kernel; odd rows, bf16 dK (cast), i64
+            // ids, out-of-range padding.
             name: "stage1 + wgmma row kernel H=32 D=128 (padded heads) + cast, i64 ids",
             shape: shape(1, 21, 300, 32, 128, 200),
             opts: opts(Global, LogProbs, Bf16, F32),
             gen: gen(Padding::OutOfRange, true),
+            paired: false,
+            wide: true,
+        },
+        Case {
+            // H = 128, D = 128: both halves of each CTA on one row (heads
+            // 0..63 and 64..127), every item fused; the chunk skip over
+            // 128-head d_weights rows (topk 576, trailing padding); odd
+            // rows, f32 dK, bf16 d_weights.
+            name: "stage1 + wgmma H=128 D=128 (head halves, chunk skip)",
+            shape: shape(1, 19, 400, 128, 128, 576),
+            opts: opts(Global, Probs, F32, Bf16),
+            gen: gen(Padding::NegOne, true),
+            paired: false,
+            wide: false,
+        },
+        Case {
+            // H = 16, D = 128 with the chunk skip over 16-head d_weights
+            // rows (32 bytes, bf16), bf16 dK (cast), i64 ids.
+            name: "stage1 + wgmma row kernel H=16 D=128 (chunk skip) + cast, i64 ids",
+            shape: shape(1, 13, 300, 16, 128, 640),
+            opts: opts(Local, Probs, Bf16, Bf16),
+            gen: gen(Padding::NegOne, true),
             paired: false,
             wide: true,
         },
