@@ -479,24 +479,16 @@ mod tests {
 
     #[test]
     fn the_fast_path_follows_the_module_and_the_shape() {
-        // sm_90a only, H = 64 with D = 128 or 64, H = 128, 32 or 16 with
-        // D = 128, more than one 64-slot chunk per row.
+        // sm_90a only, every H x D, more than one 64-slot chunk per row.
         let fast =
             |major, minor, s: &Shape| select(major, minor, s, Backend::Hopper).unwrap().wgmma;
-        assert!(fast(9, 0, &shape(64, 128, 65)));
-        assert!(!fast(9, 0, &shape(64, 128, 64)));
-        assert!(fast(9, 0, &shape(32, 128, 256)));
-        assert!(fast(9, 0, &shape(16, 128, 65)));
-        assert!(!fast(9, 0, &shape(32, 128, 64)));
-        assert!(!fast(9, 0, &shape(16, 128, 64)));
-        assert!(fast(9, 0, &shape(128, 128, 256)));
-        assert!(!fast(9, 0, &shape(128, 128, 64)));
-        assert!(!fast(9, 0, &shape(16, 64, 256)));
-        assert!(fast(9, 0, &shape(64, 64, 256)));
-        assert!(fast(9, 0, &shape(64, 64, 65)));
-        assert!(!fast(9, 0, &shape(64, 64, 64)));
-        assert!(!fast(9, 0, &shape(32, 64, 256)));
-        assert!(!fast(9, 0, &shape(128, 64, 256)));
+        for h in [16, 32, 64, 128] {
+            for d in [64, 128] {
+                assert!(fast(9, 0, &shape(h, d, 65)), "H {h} D {d}");
+                assert!(fast(9, 0, &shape(h, d, 2048)), "H {h} D {d}");
+                assert!(!fast(9, 0, &shape(h, d, 64)), "H {h} D {d}");
+            }
+        }
         for (major, minor) in [(9, 5), (10, 0), (10, 3), (11, 0), (12, 0), (13, 0)] {
             assert!(!fast(major, minor, &both()), "{major}.{minor}");
         }
@@ -549,7 +541,7 @@ mod tests {
             path(9, 0, &shape(64, 128, 64), Backend::Auto),
             rows(64, 128)
         );
-        assert_eq!(path(9, 0, &shape(32, 64, 256), Backend::Auto), rows(32, 64));
+        assert_eq!(path(9, 0, &shape(32, 64, 64), Backend::Auto), rows(32, 64));
         // Other GPUs: the row kernels, unless tcgen05 is forced on 10.x.
         for (major, minor) in [(10, 0), (10, 3), (12, 0)] {
             assert_eq!(path(major, minor, &both(), Backend::Auto), rows(64, 128));
@@ -586,17 +578,12 @@ mod tests {
                 assert!(p.kernels(Bf16).contains(&sm90::WG_D64_KERNEL));
             }
         }
-        // What the new kernel does not take keeps the row kernel: one chunk,
-        // other head counts, other GPUs.
+        // What the wgmma kernels do not take keeps the row kernel: one
+        // chunk, other GPUs.
         let rows = |h, d| PathKind::Rows {
             kernel: grad_kernel_name(h, d).unwrap(),
         };
         assert_eq!(path(9, 0, &shape(64, 64, 64), Backend::Auto), rows(64, 64));
-        assert_eq!(path(9, 0, &shape(16, 64, 512), Backend::Auto), rows(16, 64));
-        assert_eq!(
-            path(9, 0, &shape(128, 64, 512), Backend::Auto),
-            rows(128, 64)
-        );
         for (major, minor) in [(10, 0), (12, 0)] {
             assert_eq!(
                 path(major, minor, &shape(64, 64, 512), Backend::Auto),
@@ -609,45 +596,49 @@ mod tests {
     }
 
     #[test]
-    fn h128_h32_and_h16_d128_take_their_wgmma_kernels_above_one_chunk() {
+    fn h128_h32_and_h16_take_their_wgmma_kernels_above_one_chunk() {
         use GradDtype::{Bf16, F32};
         let rows = |h, d| PathKind::Rows {
             kernel: grad_kernel_name(h, d).unwrap(),
         };
-        for (h, name) in [
-            (128u32, "indexer_bwd_wg_h128_d128"),
-            (32, "indexer_bwd_wg_h32_d128"),
-            (16, "indexer_bwd_wg_h16_d128"),
+        let s1_d64 = kernels_gpu::registry::STAGE1_D64.name;
+        for (h, d, name) in [
+            (128u32, 128u32, "indexer_bwd_wg_h128_d128"),
+            (32, 128, "indexer_bwd_wg_h32_d128"),
+            (16, 128, "indexer_bwd_wg_h16_d128"),
+            (128, 64, "indexer_bwd_wg_h128_d64"),
+            (32, 64, "indexer_bwd_wg_h32_d64"),
+            (16, 64, "indexer_bwd_wg_h16_d64"),
         ] {
             let want = PathKind::Sm90 {
-                row: sm90::row_kernel(h, 128).unwrap(),
+                row: sm90::row_kernel(h, d).unwrap(),
                 paired: false,
             };
+            let stage1 = if d == 64 { s1_d64 } else { STAGE1_KERNEL };
+            let (hs, ds) = (h as usize, d as usize);
             // Even and odd row counts alike: no paired kernel; stage-1
             // chunk counts from SKIP_MIN_TOPK on, as for H = 64.
             let odd = Shape {
                 seq_q: 101,
                 batch: 1,
-                ..shape(h as usize, 128, 512)
+                ..shape(hs, ds, 512)
             };
-            let hs = h as usize;
-            for s in [shape(hs, 128, 65), shape(hs, 128, 2048), odd] {
+            for s in [shape(hs, ds, 65), shape(hs, ds, 2048), odd] {
                 for b in [Backend::Auto, Backend::Hopper] {
                     let p = path(9, 0, &s, b);
                     assert_eq!(p, want, "{s:?}");
-                    assert_eq!(p.kernels(F32), [STAGE1_KERNEL, name]);
+                    assert_eq!(p.kernels(F32), [stage1, name]);
                     assert!(p.kernels(Bf16).contains(&name));
                 }
                 let counts = s.topk >= sm90::SKIP_MIN_TOPK as usize;
                 assert_eq!(crate::launch::sm90::row_chunks(&s), counts, "{s:?}");
             }
-            // One chunk, D = 64 and other GPUs keep the row kernels.
-            assert_eq!(path(9, 0, &shape(hs, 128, 64), Backend::Auto), rows(h, 128));
-            assert_eq!(path(9, 0, &shape(hs, 64, 512), Backend::Auto), rows(h, 64));
+            // One chunk and other GPUs keep the row kernels.
+            assert_eq!(path(9, 0, &shape(hs, ds, 64), Backend::Auto), rows(h, d));
             for (major, minor) in [(10, 0), (12, 0)] {
                 assert_eq!(
-                    path(major, minor, &shape(hs, 128, 512), Backend::Auto),
-                    rows(h, 128)
+                    path(major, minor, &shape(hs, ds, 512), Backend::Auto),
+                    rows(h, d)
                 );
             }
         }
@@ -662,7 +653,7 @@ mod tests {
         );
         assert_eq!(h128.grid(10_000, 132), 132);
         assert_eq!(sm90::row_kernel(64, 128).unwrap().grid(10_000, 132), 264);
-        assert!(sm90::row_kernel(128, 64).is_none());
+        assert!(sm90::row_kernel(128, 96).is_none());
     }
 
     #[test]

@@ -365,6 +365,36 @@ pub const SM90_WG_H128: Kernel = k(
     Targets::SM90A,
 );
 
+/// The wgmma row kernel for H = 32, D = 64 (`sm90`, the D = 64 body with
+/// the head tile's rows 32..63 padded): as [`SM90_WG`].
+pub const SM90_WG_H32_D64: Kernel = k(
+    "indexer_bwd_wg_h32_d64",
+    Param::Grad,
+    256,
+    Bounds::Exact { min_ctas: 2 },
+    Targets::SM90A,
+);
+
+/// The wgmma row kernel for H = 16, D = 64: as [`SM90_WG_H32_D64`] with
+/// rows 16..63 padded.
+pub const SM90_WG_H16_D64: Kernel = k(
+    "indexer_bwd_wg_h16_d64",
+    Param::Grad,
+    256,
+    Bounds::Exact { min_ctas: 2 },
+    Targets::SM90A,
+);
+
+/// The wgmma kernel for H = 128, D = 64 (`sm90`, [`SM90_WG_H128`]'s halves
+/// on the D = 64 body): as [`SM90_WG_PAIR`].
+pub const SM90_WG_H128_D64: Kernel = k(
+    "indexer_bwd_wg_h128_d64",
+    Param::Grad,
+    512,
+    Bounds::Max { min_ctas: 1 },
+    Targets::SM90A,
+);
+
 /// The toolchain smoke kernel (mbarrier, shared memory).
 pub const SMOKE: Kernel = k(
     "smoke_mbarrier_reverse",
@@ -493,7 +523,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 35] = [
+pub const KERNELS: [Kernel; 38] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -511,6 +541,9 @@ pub const KERNELS: [Kernel; 35] = [
     SM90_WG_H16,
     SM90_WG_PAIR,
     SM90_WG_H128,
+    SM90_WG_H32_D64,
+    SM90_WG_H16_D64,
+    SM90_WG_H128_D64,
     SMOKE,
     CEIL_MMA_K,
     CEIL_SCATTER_RED_K,

@@ -278,8 +278,8 @@ fn rejected_calls_leave_every_buffer_untouched() {
 /// bitwise-stable d_index_q / d_weights across runs and between i32 and
 /// i64 ids. D = 128 and D = 64 (on Hopper the D = 64 wgmma row kernel,
 /// asserted from the plan's kernels; with local ids and bf16 dK in two
-/// of its cases), and H = 128, 32 and 16 at D = 128 (on Hopper their own
-/// wgmma kernels, likewise asserted; topk 512 and 2048).
+/// of its cases), and H = 128, 32 and 16 at D = 128 and 64 (on Hopper
+/// their own wgmma kernels, likewise asserted; topk 512 and 2048).
 #[test]
 fn realistic_shapes_are_accurate_and_deterministic() {
     let Some(ctx) = gpu("realistic_shapes_are_accurate_and_deterministic") else {
@@ -306,6 +306,9 @@ fn realistic_shapes_are_accurate_and_deterministic() {
         (16, 128, 2048, false, local_bf16),
         (128, 128, 512, false, Options::default()),
         (128, 128, 2048, true, local_bf16),
+        (128, 64, 512, true, Options::default()),
+        (32, 64, 2048, false, local_bf16),
+        (16, 64, 512, true, Options::default()),
     ];
     let (major, _) = ctx.compute_capability().unwrap();
     for (heads, head_dim, topk, ragged, opts) in cases {
@@ -320,6 +323,9 @@ fn realistic_shapes_are_accurate_and_deterministic() {
         let wgmma = match (heads, head_dim) {
             (64, 64) => Some(kernels_gpu::sm90::WG_D64_KERNEL),
             (128, 128) => Some(kernels_gpu::sm90::WG_H128_KERNEL),
+            (128, 64) => Some(kernels_gpu::sm90::WG_H128_D64_KERNEL),
+            (32, 64) => Some(kernels_gpu::sm90::WG_H32_D64_KERNEL),
+            (16, 64) => Some(kernels_gpu::sm90::WG_H16_D64_KERNEL),
             (32, 128) => Some(kernels_gpu::sm90::WG_H32_KERNEL),
             (16, 128) => Some(kernels_gpu::sm90::WG_H16_KERNEL),
             _ => None,

@@ -216,8 +216,8 @@ fn gpu_fast_path_on_paired_rows_matches_reference() {
     }
 }
 
-/// The H = 64, D = 64 shapes below run the D = 64 wgmma row kernel on
-/// Hopper (its own stage 1, no paired kernel), whatever the row count.
+/// The D = 64 shapes below run their D = 64 wgmma kernel on Hopper (the
+/// D = 64 stage 1, no paired kernel), whatever the row count.
 fn assert_d64_fast_path(shape: Shape) {
     let ctx = match gpu("assert_d64_fast_path") {
         Some(c) => c,
@@ -226,8 +226,14 @@ fn assert_d64_fast_path(shape: Shape) {
     let plan = dsa_indexer_bwd::Plan::new(&ctx, shape, Options::default()).expect("plan");
     let (major, _) = ctx.compute_capability().expect("compute capability");
     if major == 9 {
+        let kernel = match shape.heads {
+            128 => kernels_gpu::sm90::WG_H128_D64_KERNEL,
+            32 => kernels_gpu::sm90::WG_H32_D64_KERNEL,
+            16 => kernels_gpu::sm90::WG_H16_D64_KERNEL,
+            _ => kernels_gpu::sm90::WG_D64_KERNEL,
+        };
         assert!(
-            plan.kernels().contains(&kernels_gpu::sm90::WG_D64_KERNEL)
+            plan.kernels().contains(&kernel)
                 && plan.kernels().contains(&"indexer_score_grad_d64")
                 && !plan.kernels().contains(&kernels_gpu::sm90::WG_PAIR_KERNEL),
             "{shape:?}: {:?}",
@@ -236,45 +242,49 @@ fn assert_d64_fast_path(shape: Shape) {
     }
 }
 
-/// 96 cases at H = 64, D = 64 with topk 65-700 (the D = 64 wgmma row
-/// kernel on Hopper: two or more 64-slot chunks, the chunk skip from
-/// `SKIP_MIN_TOPK` on), up to 200 query rows per batch (CTAs walk several
-/// rows), both id conventions, f32 and bf16 dK, i32 and i64 ids (every
-/// case runs both, `run_cases`), uniform and short (ragged) rows. Same
-/// checks.
+/// 160 cases at H = 64, 128, 32 and 16, D = 64 with topk 65-700 (the
+/// D = 64 wgmma kernels on Hopper: two or more 64-slot chunks, the chunk
+/// skip from `SKIP_MIN_TOPK` on), up to 200 query rows per batch (CTAs
+/// walk several rows), both id conventions, f32 and bf16 dK, i32 and i64
+/// ids (every case runs both, `run_cases`), uniform and short (ragged)
+/// rows. Same checks.
 #[test]
 fn gpu_fast_path_d64_matches_reference_on_random_problems() {
-    assert_d64_fast_path(Shape {
-        batch: 1,
-        seq_q: 8,
-        seq_k: 100,
-        heads: 64,
-        head_dim: 64,
-        topk: 65,
-    });
-    let cases = case(vec![64], vec![64], 1..=200, 65..=700);
+    for heads in [64, 128, 32, 16] {
+        assert_d64_fast_path(Shape {
+            batch: 1,
+            seq_q: 8,
+            seq_k: 100,
+            heads,
+            head_dim: 64,
+            topk: 65,
+        });
+    }
+    let cases = case(vec![64, 128, 32, 16], vec![64], 1..=200, 65..=700);
     run_cases(
         "gpu_fast_path_d64_matches_reference_on_random_problems",
         cases,
-        96,
+        160,
     );
 }
 
-/// 16 cases at H = 64, D = 64 with topk 512-2100 and padding at the end of
-/// short rows (the D = 64 kernel skipping trailing chunks; stage 1 with
-/// several warps per row), and even row counts (where D = 128 would launch
-/// the paired kernel). Same checks.
+/// 32 cases at H = 64, 128, 32 and 16, D = 64 with topk 512-2100 and
+/// padding at the end of short rows (the D = 64 kernels skipping trailing
+/// chunks; stage 1 with several warps per row), and even row counts (where
+/// H = 64, D = 128 would launch the paired kernel). Same checks.
 #[test]
 fn gpu_fast_path_d64_on_long_rows_matches_reference() {
-    assert_d64_fast_path(Shape {
-        batch: 2,
-        seq_q: 4,
-        seq_k: 100,
-        heads: 64,
-        head_dim: 64,
-        topk: 2048,
-    });
-    let cases = case(vec![64], vec![64], 1..=40, 512..=2100).prop_map(
+    for heads in [64, 128, 32, 16] {
+        assert_d64_fast_path(Shape {
+            batch: 2,
+            seq_q: 4,
+            seq_k: 100,
+            heads,
+            head_dim: 64,
+            topk: 2048,
+        });
+    }
+    let cases = case(vec![64, 128, 32, 16], vec![64], 1..=40, 512..=2100).prop_map(
         |(mut shape, opts, seed, dups, _, trailing)| {
             if shape.rows() % 2 == 1 {
                 shape.seq_q += 1;
@@ -285,7 +295,7 @@ fn gpu_fast_path_d64_on_long_rows_matches_reference() {
     run_cases(
         "gpu_fast_path_d64_on_long_rows_matches_reference",
         cases,
-        16,
+        32,
     );
 }
 

@@ -433,7 +433,14 @@ fn dynamic_smem(kernel: &str) -> String {
         {
             kernels_gpu::sm90::SMEM.bytes
         }
-        Param::Grad if *k == registry::SM90_WG_D64 => kernels_gpu::sm90::SMEM_D64.bytes,
+        Param::Grad
+            if *k == registry::SM90_WG_D64
+                || *k == registry::SM90_WG_H32_D64
+                || *k == registry::SM90_WG_H16_D64 =>
+        {
+            kernels_gpu::sm90::SMEM_D64.bytes
+        }
+        Param::Grad if *k == registry::SM90_WG_H128_D64 => kernels_gpu::sm90::PAIR_D64.bytes,
         Param::Grad if *k == registry::SM90_WG_PAIR || *k == registry::SM90_WG_H128 => {
             kernels_gpu::sm90::PAIR.bytes
         }

@@ -81,16 +81,49 @@ macro_rules! role_modules {
     };
 }
 
+/// The D = 64 sizes the role modules read from their parent, for a
+/// module that compiles them for D = 64 (`d64`, `h32_d64`, `h16_d64`,
+/// `h128_d64`): q and K tiles of one swizzle block, staged dK rows of
+/// 64 + 8 f32, the D = 64 layout and its two-half launch shape, and the
+/// products split between the warpgroups (`SPLIT`: warpgroup 0 computes
+/// dQ += dS K and stores d_index_q, warpgroup 1 computes dK = dS^T q and
+/// stages it, each an `m64n64k16` chain on whole blocks).
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+macro_rules! d64_sizes {
+    () => {
+        /// Head dimension.
+        const DIM: u32 = 64;
+        /// Bytes of the `q` tile.
+        const Q_BYTES: u32 = q_bytes(DIM);
+        /// Bytes of one K chunk buffer.
+        const K_BYTES: u32 = k_bytes(DIM);
+        /// Bytes per staged dK row.
+        const DK_STRIDE: u32 = dk_stride(DIM);
+        /// The layout.
+        const SMEM: WgSmem = SMEM_D64;
+        /// The launch shape of two halves on it.
+        const PAIR: PairLayout = PAIR_D64;
+        /// Warpgroup 0 computes dQ, warpgroup 1 dK.
+        const SPLIT: bool = true;
+    };
+}
+
 // The other shapes' kernels: the role modules compiled again with their
-// constants (`role_modules!`).
+// constants (`role_modules!`, `d64_sizes!`).
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod d64;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod h128;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod h128_d64;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod h16;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod h16_d64;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod h32;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod h32_d64;
 
 pub use sched::{grid, pair_grid, row_chunks, Pos, Walk, SKIP_MIN_TOPK};
 
@@ -113,6 +146,15 @@ pub const WG_H16_KERNEL: &str = crate::registry::SM90_WG_H16.name;
 /// in step, so that where the two rows select the same key in the same
 /// slot the pair reduces the sum of both dK rows once ([`PAIR`]).
 pub const WG_PAIR_KERNEL: &str = crate::registry::SM90_WG_PAIR.name;
+/// PTX entry names of the wgmma row kernels for H = 32 and 16, D = 64
+/// (sm_90a PTX only): the D = 64 body of [`WG_D64_KERNEL`] with the head
+/// tile padded as in [`WG_H32_KERNEL`].
+pub const WG_H32_D64_KERNEL: &str = crate::registry::SM90_WG_H32_D64.name;
+/// See [`WG_H32_D64_KERNEL`].
+pub const WG_H16_D64_KERNEL: &str = crate::registry::SM90_WG_H16_D64.name;
+/// PTX entry name of the wgmma kernel for H = 128, D = 64 (sm_90a PTX
+/// only): [`WG_H128_KERNEL`]'s halves on the D = 64 body ([`PAIR_D64`]).
+pub const WG_H128_D64_KERNEL: &str = crate::registry::SM90_WG_H128_D64.name;
 /// PTX entry name of the wgmma kernel for H = 128, D = 128 (sm_90a PTX
 /// only): the paired kernel's body with both halves of a CTA on the same
 /// row, half `h` holding heads `64 h .. 64 h + 64` (`HEAD_HALVES` in
@@ -305,8 +347,7 @@ impl WgRow {
 }
 
 /// The wgmma path's kernels for `heads` x `dim`, or `None` for a shape it
-/// does not take (H = 64 with D = 128 or 64, H = 128, 32 or 16 with
-/// D = 128).
+/// does not take (H in {16, 32, 64, 128} with D in {64, 128}).
 pub const fn row_kernel(heads: u32, dim: u32) -> Option<WgRow> {
     // Two warpgroups on one row, two CTAs per SM.
     const fn row(kernel: &'static str, stage1: &'static str, smem: WgSmem, paired: bool) -> WgRow {
@@ -320,26 +361,36 @@ pub const fn row_kernel(heads: u32, dim: u32) -> Option<WgRow> {
             paired,
         }
     }
-    let s1 = crate::registry::STAGE1.name;
+    // H = 128: the two halves of one CTA per SM on one row.
+    const fn halves(
+        kernel: &'static str,
+        stage1: &'static str,
+        smem: WgSmem,
+        launch: PairLayout,
+    ) -> WgRow {
+        WgRow {
+            kernel,
+            stage1,
+            smem,
+            threads: launch.threads,
+            bytes: launch.bytes,
+            ctas_per_sm: 1,
+            paired: false,
+        }
+    }
+    let (s1, s1_d64) = (
+        crate::registry::STAGE1.name,
+        crate::registry::STAGE1_D64.name,
+    );
     match (heads, dim) {
         (HEADS, DIM) => Some(row(WG_KERNEL, s1, SMEM, true)),
         (32, DIM) => Some(row(WG_H32_KERNEL, s1, SMEM, false)),
         (16, DIM) => Some(row(WG_H16_KERNEL, s1, SMEM, false)),
-        (HEADS, 64) => Some(row(
-            WG_D64_KERNEL,
-            crate::registry::STAGE1_D64.name,
-            SMEM_D64,
-            false,
-        )),
-        (128, DIM) => Some(WgRow {
-            kernel: WG_H128_KERNEL,
-            stage1: s1,
-            smem: SMEM,
-            threads: PAIR.threads,
-            bytes: PAIR.bytes,
-            ctas_per_sm: 1,
-            paired: false,
-        }),
+        (HEADS, 64) => Some(row(WG_D64_KERNEL, s1_d64, SMEM_D64, false)),
+        (32, 64) => Some(row(WG_H32_D64_KERNEL, s1_d64, SMEM_D64, false)),
+        (16, 64) => Some(row(WG_H16_D64_KERNEL, s1_d64, SMEM_D64, false)),
+        (128, DIM) => Some(halves(WG_H128_KERNEL, s1, SMEM, PAIR)),
+        (128, 64) => Some(halves(WG_H128_D64_KERNEL, s1_d64, SMEM_D64, PAIR_D64)),
         _ => None,
     }
 }
@@ -360,6 +411,8 @@ const _: () = {
         crate::registry::SM90_WG_D64,
         crate::registry::SM90_WG_H32,
         crate::registry::SM90_WG_H16,
+        crate::registry::SM90_WG_H32_D64,
+        crate::registry::SM90_WG_H16_D64,
     ];
     let mut i = 0;
     while i < ks.len() {
@@ -393,27 +446,45 @@ pub struct PairLayout {
 /// Bytes of one set of a half's item votes (one u32 per warp).
 pub const VOTE_SET_BYTES: u32 = (THREADS / 32) * 4;
 
-/// The paired kernel's launch shape: two copies of the row kernel's
-/// layout, the second on the next 1024-byte boundary.
-pub const PAIR: PairLayout = {
-    let half_stride = SMEM.used.div_ceil(1024) * 1024;
+/// The launch shape of a kernel of two halves on `smem`: two copies of
+/// the layout, the second on the next 1024-byte boundary.
+pub const fn pair_layout(smem: WgSmem) -> PairLayout {
+    let half_stride = smem.used.div_ceil(1024) * 1024;
     PairLayout {
         threads: 2 * THREADS,
         half_stride,
-        votes: SMEM.used,
+        votes: smem.used,
         bytes: 2 * half_stride + ALIGN_SLACK,
     }
-};
+}
+
+/// The paired kernel's launch shape (and H = 128, D = 128's):
+/// [`pair_layout`] of [`SMEM`].
+pub const PAIR: PairLayout = pair_layout(SMEM);
+/// The launch shape of H = 128, D = 64: [`pair_layout`] of [`SMEM_D64`].
+pub const PAIR_D64: PairLayout = pair_layout(SMEM_D64);
 // The votes fit in the padding (the paired layout is no larger for them)
 // and are read as 16-byte vectors.
 const _: () = assert!(PAIR.votes + 2 * VOTE_SET_BYTES <= PAIR.half_stride);
 const _: () = assert!(PAIR.votes.is_multiple_of(16) && VOTE_SET_BYTES == 32);
 const _: () = assert!(crate::registry::SM90_WG_PAIR.threads == PAIR.threads);
-const _: () = assert!(crate::registry::SM90_WG_H128.threads == PAIR.threads);
-const _: () = assert!(matches!(
-    crate::registry::SM90_WG_H128.bounds,
-    crate::registry::Bounds::Max { min_ctas: 1 }
-));
+const _: () = {
+    let ks = [
+        crate::registry::SM90_WG_H128,
+        crate::registry::SM90_WG_H128_D64,
+    ];
+    let mut i = 0;
+    while i < ks.len() {
+        assert!(ks[i].threads == PAIR.threads && PAIR_D64.threads == PAIR.threads);
+        assert!(matches!(
+            ks[i].bounds,
+            crate::registry::Bounds::Max { min_ctas: 1 }
+        ));
+        i += 1;
+    }
+};
+// The D = 64 votes fit as well.
+const _: () = assert!(PAIR_D64.votes + 2 * VOTE_SET_BYTES <= PAIR_D64.half_stride);
 
 /// Row pairs the dispatch test samples.
 pub const PAIR_SAMPLES: u32 = 8;
@@ -850,21 +921,27 @@ mod tests {
     }
 
     #[test]
-    fn other_heads_take_the_d128_layout_and_stage1_without_pairs() {
-        for (h, name) in [
-            (32, "indexer_bwd_wg_h32_d128"),
-            (16, "indexer_bwd_wg_h16_d128"),
+    fn other_heads_take_their_dimension_s_layout_and_stage1_without_pairs() {
+        let (s1, s1_d64) = (
+            crate::registry::STAGE1.name,
+            crate::registry::STAGE1_D64.name,
+        );
+        for (h, name, name_d64) in [
+            (32, "indexer_bwd_wg_h32_d128", "indexer_bwd_wg_h32_d64"),
+            (16, "indexer_bwd_wg_h16_d128", "indexer_bwd_wg_h16_d64"),
         ] {
-            let r = row_kernel(h, 128).unwrap();
-            assert_eq!(r.kernel, name);
-            assert_eq!(r.smem, SMEM, "the M = 64 tile, padded");
-            assert_eq!(r.stage1, crate::registry::STAGE1.name);
-            assert_eq!(
-                (r.threads, r.bytes, r.ctas_per_sm),
-                (THREADS, SMEM.bytes, CTAS_PER_SM)
-            );
-            assert!(!r.paired);
-            assert!(row_kernel(h, 64).is_none());
+            for (d, name, smem, stage1) in [(128, name, SMEM, s1), (64, name_d64, SMEM_D64, s1_d64)]
+            {
+                let r = row_kernel(h, d).unwrap();
+                assert_eq!(r.kernel, name);
+                assert_eq!(r.smem, smem, "the M = 64 tile, padded");
+                assert_eq!(r.stage1, stage1);
+                assert_eq!(
+                    (r.threads, r.bytes, r.ctas_per_sm),
+                    (THREADS, smem.bytes, CTAS_PER_SM)
+                );
+                assert!(!r.paired);
+            }
         }
         assert_eq!(WG_H32_KERNEL, "indexer_bwd_wg_h32_d128");
         assert_eq!(WG_H16_KERNEL, "indexer_bwd_wg_h16_d128");
@@ -879,7 +956,20 @@ mod tests {
         assert!(!r.paired);
         assert_eq!(r.grid(5, 132), 5);
         assert_eq!(r.grid(1000, 132), 132);
-        assert!(row_kernel(128, 64).is_none());
+        let r = row_kernel(128, 64).unwrap();
+        assert_eq!(r.kernel, "indexer_bwd_wg_h128_d64");
+        assert_eq!(
+            (r.smem, r.stage1),
+            (SMEM_D64, crate::registry::STAGE1_D64.name)
+        );
+        assert_eq!(
+            (r.threads, r.bytes, r.ctas_per_sm),
+            (PAIR_D64.threads, PAIR_D64.bytes, 1)
+        );
+        // Two copies of the D = 64 layout, each 1024-aligned.
+        assert_eq!(PAIR_D64.half_stride, 64_512);
+        assert_eq!(PAIR_D64.bytes, 2 * 64_512 + ALIGN_SLACK);
+        assert!(row_kernel(128, 96).is_none());
         for h in [8, 48, 256] {
             assert!(row_kernel(h, 128).is_none(), "H = {h}");
         }

@@ -7,7 +7,8 @@
 //! as the sum of both staged rows; a fused item (every slot the same) has
 //! one staging, of the summed product. D = 64 (`SPLIT`): warpgroup 1
 //! stages the whole dK, and each warp instruction reduces two 256-byte
-//! staged rows, one per half-warp.
+//! staged rows, one per half-warp (no paired kernel; with H = 128 every
+//! item is fused).
 
 use super::ctx::Ctx;
 use super::{CHUNK, DIM, DK_STRIDE, SMEM, SPLIT, THREADS};
@@ -106,9 +107,22 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
     let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
     let slot_at = |i: u32| warp * ROWS_PER_WARP + (i ^ x);
     if SPLIT {
-        // D = 64 (row kernel only): half-warp `lane / 16` takes row
-        // `i + lane / 16` of each pair (`lo`, `hi` even; the XOR maps pairs
-        // to pairs), 16 lanes x 16 bytes a row.
+        // Fused (H = 128): as below, a call on the other half's group of
+        // four slots has nothing to do.
+        if PAIRED && fused.is_some() && lo < hi && ((lo ^ x) / 4) % 2 != half {
+            return;
+        }
+        // D = 64 (row kernels, and H = 128, whose items are all fused):
+        // half-warp `lane / 16` takes row `i + lane / 16` of each pair
+        // (`lo`, `hi` even; the XOR maps pairs to pairs), 16 lanes x 16
+        // bytes a row. Fused: from the computing half's staging.
+        let (sdk, sred_rows) = match fused {
+            Some(comp) if PAIRED => (
+                c.half_base(comp).add(l.dk),
+                c.half_base(comp).add(l.red_rows),
+            ),
+            _ => (sdk, sred_rows),
+        };
         let (sub, col) = (lane / 16, lane % 16);
         let mut i = lo;
         while i < hi {

@@ -119,6 +119,27 @@ fn cases() -> Vec<Case> {
             wide: false,
         },
         Case {
+            // H = 128, D = 64: the head halves on the D = 64 body (the
+            // computing half's warpgroup 1 takes the fused dK), local ids,
+            // even rows, bf16 dK (cast).
+            name: "stage1 d64 + wgmma H=128 D=64 (head halves) + cast",
+            shape: shape(2, 10, 200, 128, 64, 320),
+            opts: opts(Local, LogProbs, Bf16, F32),
+            gen: gen(Padding::OutOfRange, true),
+            paired: false,
+            wide: false,
+        },
+        Case {
+            // H = 32, D = 64: the padded head tile on the D = 64 body,
+            // chunk skip, i64 ids.
+            name: "stage1 d64 + wgmma row kernel H=32 D=64 (chunk skip), i64 ids",
+            shape: shape(1, 15, 300, 32, 64, 600),
+            opts: opts(Global, Probs, F32, Bf16),
+            gen: gen(Padding::NegOne, true),
+            paired: false,
+            wide: true,
+        },
+        Case {
             // H = 16, D = 128 with the chunk skip over 16-head d_weights
             // rows (32 bytes, bf16), bf16 dK (cast), i64 ids.
             name: "stage1 + wgmma row kernel H=16 D=128 (chunk skip) + cast, i64 ids",
@@ -147,7 +168,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "mma.sync row kernel H=128 D=64",
-            shape: shape(1, 6, 80, 128, 64, 70),
+            shape: shape(1, 6, 80, 128, 64, 60),
             opts: opts(Global, Probs, F32, GradDtype::Bf16),
             gen: gen(Padding::NegOne, false),
             paired: false,

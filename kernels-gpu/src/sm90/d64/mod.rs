@@ -18,18 +18,7 @@
 use super::*;
 use crate::abi::GradParams;
 
-/// Head dimension.
-const DIM: u32 = 64;
-/// Bytes of the `q` tile.
-const Q_BYTES: u32 = q_bytes(DIM);
-/// Bytes of one K chunk buffer.
-const K_BYTES: u32 = k_bytes(DIM);
-/// Bytes per staged dK row.
-const DK_STRIDE: u32 = dk_stride(DIM);
-/// The layout.
-const SMEM: WgSmem = SMEM_D64;
-/// Warpgroup 0 computes dQ, warpgroup 1 dK (module note).
-const SPLIT: bool = true;
+d64_sizes!();
 
 role_modules!();
 

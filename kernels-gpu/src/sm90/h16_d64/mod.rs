@@ -1,0 +1,36 @@
+//! The wgmma row kernel for H = 16, D = 64 ([`super::WG_H16_D64_KERNEL`]):
+//! the role modules of `super` compiled a second time as children of this
+//! module with the D = 64 sizes (`d64_sizes!`, as in `super::d64`) and
+//! `Q_HEADS = 16` (the head tile padded, as in `super::h16`: q rows
+//! 16..63 zero-filled by the q loads, the padded heads' weights 0, only the
+//! real heads read and stored).
+
+use super::*;
+use crate::abi::GradParams;
+
+d64_sizes!();
+
+/// Heads of the problem: the q tile's rows that hold data.
+const Q_HEADS: u32 = 16;
+// Each warp's 16 heads are all real or all padding.
+const _: () = assert!(Q_HEADS.is_multiple_of(16) && Q_HEADS < HEADS);
+
+role_modules!();
+
+/// Persistent warpgroup-MMA stage-2 kernel for H = 16, D = 64, launched
+/// alone (no paired kernel); the launch contract of `wg::stage2` with
+/// H = 16, D = 64, [`SMEM_D64`] bytes of dynamic shared memory and the
+/// D = 64 stage 1 (`indexer_score_grad_d64`) ahead of it.
+///
+/// # Safety
+/// As `wg::stage2` for H = 16, D = 64.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h16_d64(p: GradParams) {
+    // SAFETY: forwarded launch contract; the whole CTA runs the test
+    // (which computes at once: the host never sets FLAG_PAIR_DISPATCH for
+    // these shapes).
+    unsafe {
+        let go = pair::dispatch::<false>(&p);
+        wg::stage2::<false, 0>(&p, go)
+    }
+}
