@@ -7,10 +7,13 @@
 //! key count ([`Shape::visible`]), `key(j)` the key row of column `j`
 //! (`key_start(b) + j`), `c = loss_coeff / rows * grad_loss`:
 //!
-//! - stage 1 over `j < L`: `target_j = max(attn_j / (l1 + 1e-10), CLIP)`,
-//!   `predict_j = exp(logit_j - lse)`, `g_j = -target_j * [logit_j - lse
-//!   >= -100] * c`, `G = sum_{j<L} g_j`, `grad_signal_j = g_j - predict_j
-//!   * G`; `grad_signal_j = 0` for `j >= L`. A row with `L = 0` has an
+//! - stage 1 over `j < L`:
+//!   `target_j = max(attn_j / (l1 + 1e-10), CLIP)`,
+//!   `predict_j = exp(logit_j - lse)`,
+//!   `g_j = -target_j * [logit_j - lse >= -100] * c`,
+//!   `G = sum_{j<L} g_j`,
+//!   `grad_signal_j = g_j - predict_j * G`;
+//!   `grad_signal_j = 0` for `j >= L`. A row with `L = 0` has an
 //!   all-zero grad_signal and contributes nothing.
 //! - stage 2: the sparse math of [`crate::cpu`] with slot `j` the key
 //!   `key(j)` for `j < L` (no padding slots).
