@@ -3,6 +3,7 @@
 //! `skipped: no CUDA device` (or fails under `INDEXER_REQUIRE_GPU=1`).
 
 pub mod dense;
+pub mod dense_io;
 pub mod io;
 pub mod report;
 

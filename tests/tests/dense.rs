@@ -613,3 +613,82 @@ fn bad_inputs_are_typed_errors_and_write_nothing() {
         assert!(!out.untouched());
     }
 }
+
+/// The dense replay binary end to end, BSHD and packed: a random case
+/// written to a file, replayed, outputs read back bitwise equal to
+/// `dense::run` on the same tensors; a file whose `cu_seqlens_k` decreases
+/// is refused with the typed error's message and leaves OUT alone.
+#[test]
+fn dense_replay_roundtrips_a_case() {
+    use indexer_tests::dense_io::write_dense_case;
+    use safetensors::SafeTensors;
+    let dir = std::env::temp_dir().join(format!("dense-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = env!("CARGO_BIN_EXE_indexer-dense-replay");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    for varlen in [false, true] {
+        let shape = random_shape(&mut rng, varlen, 2);
+        let mut p = DenseProblem::random(&mut rng, shape.clone(), opts(true, false), 0.05);
+        p.opts.sm_scale = 0.5;
+        let (inp, out) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
+        write_dense_case(&p, &inp).unwrap();
+        let run = std::process::Command::new(exe)
+            .args([inp.as_os_str(), out.as_os_str()])
+            .args(["--ratio", "2", "--sm-scale", "0.5", "--dk", "bf16"])
+            .args(["--loss-coeff", &p.loss_coeff.to_string()])
+            .output()
+            .unwrap();
+        let say = String::from_utf8_lossy(&run.stdout).to_string()
+            + &String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{say}");
+        assert!(say.contains("ran on the cpu"), "{say}");
+        let want = dense::run(&shape, &p.opts, &p.host(), false).unwrap();
+        let bytes = std::fs::read(&out).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let raw = |name: &str| st.tensor(name).unwrap().data().to_vec();
+        let f32s: Vec<u8> = want
+            .grad_signal
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let bf =
+            |v: &[bf16]| -> Vec<u8> { v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect() };
+        assert_eq!(raw("grad_signal"), f32s);
+        assert_eq!(raw("d_index_q"), bf(&want.d_index_q));
+        let dk = match &want.d_index_k {
+            dsa_indexer_bwd::oneshot::GradVec::Bf16(v) => bf(v),
+            other => panic!("d_index_k should be bf16: {other:?}"),
+        };
+        assert_eq!(raw("d_index_k"), dk);
+        let (sq, dims) = match &shape.layout {
+            Layout::Bshd {
+                batch,
+                seq_q,
+                seq_k,
+            } => (vec![*batch, *seq_q, *seq_k], vec![*batch, *seq_k, 64]),
+            Layout::Varlen { score_cols, .. } => {
+                (vec![shape.rows(), *score_cols], vec![shape.key_rows(), 64])
+            }
+        };
+        assert_eq!(st.tensor("grad_signal").unwrap().shape(), sq.as_slice());
+        assert_eq!(st.tensor("d_index_k").unwrap().shape(), dims.as_slice());
+    }
+    // A bad cu_seqlens_k: the typed error's message, exit status 1, OUT kept.
+    let shape = dense::Shape::varlen(vec![0, 2, 4], vec![0, 3, 5], 16, 64);
+    let mut p = DenseProblem::random(&mut rng, shape, Options::default(), 0.0);
+    if let Layout::Varlen { cu_seqlens_k, .. } = &mut p.shape.layout {
+        cu_seqlens_k[1] = 6; // 0, 6, 5: decreasing
+    }
+    let (inp, out) = (dir.join("bad.safetensors"), dir.join("out.safetensors"));
+    write_dense_case(&p, &inp).unwrap();
+    let before = std::fs::read(&out).unwrap();
+    let run = std::process::Command::new(exe)
+        .args([inp.as_os_str(), out.as_os_str()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(err.contains("cu_seqlens_k[2] = 5"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
