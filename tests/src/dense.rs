@@ -110,12 +110,14 @@ impl DenseProblem {
 
     /// The sparse problem with the same outputs: `topk = cols`, slot `j` of
     /// a row holding key `j` of its batch for `j < L` and padding (-1)
-    /// beyond; targets `attn / (l1 + 1e-10)` (rounded to f32, the one
-    /// inexact step); predicts as log-probabilities `logit - lse` (exact),
-    /// `-inf` in padding slots (masked, predict 0: they add nothing to `G`).
+    /// beyond; targets `attn / (l1 + 1e-10)` (rounded to f32, an inexact
+    /// step); predicts as log-probabilities `logit - lse` (exact) with
+    /// `-inf` in padding slots, or as probabilities `exp(logit - lse)`
+    /// (rounded to f32) with 0 there (masked, predict 0: padding adds
+    /// nothing to `G`).
     /// BSHD keeps its batches (ids global or local by `key_ids`); a packed
     /// problem becomes one batch of `T_q` rows with global ids.
-    pub fn to_sparse(&self, key_ids: KeyIds) -> SparseEquivalent {
+    pub fn to_sparse(&self, key_ids: KeyIds, score_kind: ScoreKind) -> SparseEquivalent {
         let s = &self.shape;
         let (rows, cols) = (s.rows(), s.score_cols());
         let shape = match &s.layout {
@@ -142,14 +144,22 @@ impl DenseProblem {
         };
         let local = key_ids == KeyIds::Local && matches!(s.layout, dense::Layout::Bshd { .. });
         let mut target = vec![0.0f32; rows * cols];
-        let mut score = vec![f32::NEG_INFINITY; rows * cols];
+        let pad = match score_kind {
+            ScoreKind::LogProbs => f32::NEG_INFINITY,
+            ScoreKind::Probs => 0.0,
+        };
+        let mut score = vec![pad; rows * cols];
         let mut ids = vec![-1i32; rows * cols];
         for (r, (key_start, visible)) in spec_rows(s).into_iter().enumerate() {
             let denom = self.l1[r] as f64 + 1e-10;
             for j in 0..visible {
                 let i = r * cols + j;
                 target[i] = (self.attn[i] as f64 / denom) as f32;
-                score[i] = self.logits[i] - self.lse[r];
+                let lp = self.logits[i] - self.lse[r];
+                score[i] = match score_kind {
+                    ScoreKind::LogProbs => lp,
+                    ScoreKind::Probs => (lp as f64).exp() as f32,
+                };
                 ids[i] = (if local { j } else { key_start + j }) as i32;
             }
         }
@@ -157,7 +167,7 @@ impl DenseProblem {
             shape,
             opts: Options {
                 key_ids: if local { KeyIds::Local } else { KeyIds::Global },
-                score: ScoreKind::LogProbs,
+                score: score_kind,
                 ..self.opts
             },
             target,

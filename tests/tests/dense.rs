@@ -5,7 +5,7 @@
 
 use dsa_indexer_bwd::cpu::{self, Grads, HostGrad};
 use dsa_indexer_bwd::dense::{self, cpu::HostInputs, cpu::HostOutputs, Layout};
-use dsa_indexer_bwd::{bf16, Error, GradDtype, KeyIds, Options};
+use dsa_indexer_bwd::{bf16, Error, GradDtype, KeyIds, Options, ScoreKind};
 use indexer_tests::dense::DenseProblem;
 use indexer_tests::rel_err;
 use proptest::prelude::*;
@@ -124,19 +124,21 @@ proptest! {
     /// problem (slot j = key j of the row's batch for j < L, padding
     /// beyond): the two f64 references agree to the f32 rounding of the
     /// targets, over BSHD and packed shapes, offsets, ratios 1, 2, 4, key
-    /// counts around the 64-key tile, both id conventions of the sparse
-    /// side. Columns a row does not see hold NaN and must not be read.
+    /// counts around the 64-key tile, both id conventions and both score
+    /// kinds of the sparse side. Columns a row does not see hold NaN and
+    /// must not be read.
     #[test]
     fn dense_reference_is_the_sparse_reference_on_the_equivalent_problem(
         seed in any::<u64>(), varlen in any::<bool>(), ratio in prop::sample::select(vec![1usize, 2, 4]),
-        local in any::<bool>(),
+        local in any::<bool>(), log in any::<bool>(),
     ) {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let shape = random_shape(&mut rng, varlen, ratio);
         let p = DenseProblem::random(&mut rng, shape.clone(), opts(false, false), 0.05);
         let d = dense::cpu::reference(&shape, &p.opts, &p.host()).unwrap();
         let key_ids = if local { KeyIds::Local } else { KeyIds::Global };
-        let sp = p.to_sparse(key_ids);
+        let kind = if log { ScoreKind::LogProbs } else { ScoreKind::Probs };
+        let sp = p.to_sparse(key_ids, kind);
         let s = cpu::reference(&sp.shape, &sp.opts, &sp.host(&p)).unwrap();
         let e = errors(&d, &s);
         prop_assert!(e.iter().all(|&v| v <= 1e-6), "{shape:?}: errors {e:?}");
