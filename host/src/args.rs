@@ -87,7 +87,7 @@ pub enum GradOut<'a> {
 }
 
 impl GradOut<'_> {
-    fn dtype(&self) -> GradDtype {
+    pub(crate) fn dtype(&self) -> GradDtype {
         match self {
             GradOut::F32(_) => GradDtype::F32,
             GradOut::Bf16(_) => GradDtype::Bf16,
@@ -298,7 +298,9 @@ fn ctx_of(stream: &Arc<CudaStream>) -> sys::CUcontext {
     stream.context().cu_ctx()
 }
 
-fn input<'a, T>(
+/// `name` of `expected` elements as an input [`Arg`], with the guard of
+/// its address.
+pub(crate) fn input<'a, T>(
     name: &'static str,
     v: &'a CudaView<'_, T>,
     stream: &'a CudaStream,
@@ -348,7 +350,9 @@ fn ids_arg<I: TopkId>(ptr: u64, len: usize, expected: usize, ctx: sys::CUcontext
     }
 }
 
-fn output<'a, T>(
+/// `name` of `expected` elements as an output [`Arg`], with the guard of
+/// its address.
+pub(crate) fn output<'a, T>(
     name: &'static str,
     v: &'a mut CudaViewMut<'_, T>,
     stream: &'a CudaStream,
@@ -370,7 +374,8 @@ fn output<'a, T>(
     (arg, guard)
 }
 
-fn grad<'a>(
+/// A gradient output of either element type as an output [`Arg`].
+pub(crate) fn grad<'a>(
     name: &'static str,
     g: &'a mut GradOut<'_>,
     stream: &'a CudaStream,

@@ -95,8 +95,8 @@ pub struct Grads {
     pub d_index_k: Vec<f64>,
 }
 
-/// Arithmetic of one reference variant.
-trait Real:
+/// Arithmetic of one reference variant (also used by [`crate::dense::cpu`]).
+pub(crate) trait Real:
     Copy
     + Send
     + Sync
@@ -104,6 +104,7 @@ trait Real:
     + std::ops::Add<Output = Self>
     + std::ops::Sub<Output = Self>
     + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
     + std::ops::Neg<Output = Self>
     + PartialOrd
     + std::ops::AddAssign
@@ -136,7 +137,7 @@ impl Real for f64 {
 
 /// f32 arithmetic with dS rounded to bf16 (the tensor-core kernel's rounding).
 #[derive(Clone, Copy, Default, PartialEq, PartialOrd)]
-struct F32Bf16Ds(f32);
+pub(crate) struct F32Bf16Ds(f32);
 
 impl std::ops::Add for F32Bf16Ds {
     type Output = Self;
@@ -154,6 +155,12 @@ impl std::ops::Mul for F32Bf16Ds {
     type Output = Self;
     fn mul(self, o: Self) -> Self {
         F32Bf16Ds(self.0 * o.0)
+    }
+}
+impl std::ops::Div for F32Bf16Ds {
+    type Output = Self;
+    fn div(self, o: Self) -> Self {
+        F32Bf16Ds(self.0 / o.0)
     }
 }
 impl std::ops::Neg for F32Bf16Ds {
@@ -265,7 +272,7 @@ pub fn reference_f32_bf16_ds(shape: &Shape, opts: &Options, x: &HostInputs) -> R
     compute::<F32Bf16Ds>(shape, opts, x, Tuning::for_rows(shape.rows()), &mut |_| {})
 }
 
-fn threads_for(rows: usize) -> usize {
+pub(crate) fn threads_for(rows: usize) -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -280,13 +287,13 @@ const BLOCK_BYTES: usize = 64 << 20;
 /// How a run is split: worker threads, and the budget of one block's
 /// per-slot dK partials. Results do not depend on either.
 #[derive(Clone, Copy, Debug)]
-struct Tuning {
-    threads: usize,
-    block_bytes: usize,
+pub(crate) struct Tuning {
+    pub(crate) threads: usize,
+    pub(crate) block_bytes: usize,
 }
 
 impl Tuning {
-    fn for_rows(rows: usize) -> Tuning {
+    pub(crate) fn for_rows(rows: usize) -> Tuning {
         Tuning {
             threads: threads_for(rows),
             block_bytes: BLOCK_BYTES,
@@ -606,19 +613,19 @@ pub enum HostGrad<'a> {
 }
 
 impl HostGrad<'_> {
-    fn dtype(&self) -> GradDtype {
+    pub(crate) fn dtype(&self) -> GradDtype {
         match self {
             HostGrad::F32(_) => GradDtype::F32,
             HostGrad::Bf16(_) => GradDtype::Bf16,
         }
     }
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             HostGrad::F32(v) => v.len(),
             HostGrad::Bf16(v) => v.len(),
         }
     }
-    fn store(&mut self, src: &[f64]) {
+    pub(crate) fn store(&mut self, src: &[f64]) {
         match self {
             HostGrad::F32(v) => v.iter_mut().zip(src).for_each(|(o, &s)| *o = s as f32),
             HostGrad::Bf16(v) => v

@@ -47,6 +47,19 @@ pub enum Error {
         /// Elements given.
         actual: usize,
     },
+    /// A `cu_seqlens` array of a packed variable-length dense shape is
+    /// malformed (see [`crate::dense::Layout::Varlen`]).
+    #[error("{tensor}[{index}] = {value}; expected {expected}")]
+    CuSeqlens {
+        /// `cu_seqlens_q` or `cu_seqlens_k`.
+        tensor: &'static str,
+        /// The offending entry.
+        index: usize,
+        /// Its value.
+        value: usize,
+        /// What was expected of it.
+        expected: &'static str,
+    },
     /// A tensor has the wrong element type for the plan's options.
     #[error("{tensor}: expected element type {expected}, got {actual}")]
     Dtype {
@@ -126,6 +139,15 @@ pub enum Error {
         major: i32,
         /// Minor compute capability.
         minor: i32,
+    },
+    /// What was asked for exists in the API but not yet in the library:
+    /// today, dense mode on the GPU ([`crate::dense::Plan::execute`]),
+    /// whose kernel is not written. Returned after every check of the
+    /// call passed and before anything is written.
+    #[error("not implemented yet: {what}")]
+    NotImplemented {
+        /// What is missing.
+        what: &'static str,
     },
     /// The PTX override (`INDEXER_PTX_DIR`, bring-up and debugging only)
     /// could not be read.

@@ -13,6 +13,9 @@
 //!   stream (GPU kernels written in Rust, PTX embedded in this crate).
 //! - [`cpu`]: a multi-threaded f64 implementation of the same math: the test
 //!   oracle, and [`cpu::execute`], the fallback where no GPU is present.
+//! - [`dense`]: dense mode (the warm-up stage: every causal key, raw
+//!   scores), CPU reference and fallback; its GPU kernel is not written
+//!   yet ([`dense::Plan::execute`] says so with a typed error).
 //!
 //! Runs on: NVIDIA GPUs of compute capability 9.0 or newer, tested on an
 //! H200 (sm_90). Other GPUs load the `sm_100f` module (10.0, 10.3) or the
@@ -66,6 +69,7 @@
 mod args;
 pub mod bringup;
 pub mod cpu;
+pub mod dense;
 mod error;
 mod events;
 pub mod gpu;

@@ -21,13 +21,13 @@ pub enum GradVec {
 }
 
 impl GradVec {
-    fn zeros(dtype: GradDtype, n: usize, what: &'static str) -> Result<GradVec> {
+    pub(crate) fn zeros(dtype: GradDtype, n: usize, what: &'static str) -> Result<GradVec> {
         Ok(match dtype {
             GradDtype::F32 => GradVec::F32(cpu::try_vec(n, 0.0, what)?),
             GradDtype::Bf16 => GradVec::Bf16(cpu::try_vec(n, bf16::ZERO, what)?),
         })
     }
-    fn as_host(&mut self) -> HostGrad<'_> {
+    pub(crate) fn as_host(&mut self) -> HostGrad<'_> {
         match self {
             GradVec::F32(v) => HostGrad::F32(v),
             GradVec::Bf16(v) => HostGrad::Bf16(v),

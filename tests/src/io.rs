@@ -10,6 +10,7 @@
 use dsa_indexer_bwd::cpu;
 use dsa_indexer_bwd::oneshot::GradVec;
 use dsa_indexer_bwd::{bf16, KeyIds, Options, Shape};
+use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::io::Write;
@@ -108,7 +109,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 /// Decodes little-endian elements of `n` bytes each, with a typed error
 /// instead of an abort when memory runs out.
-fn decode<T: Clone + Default, const N: usize>(
+pub(crate) fn decode<T: Clone + Default, const N: usize>(
     d: &[u8],
     what: &'static str,
     f: impl Fn([u8; N]) -> T,
@@ -120,11 +121,11 @@ fn decode<T: Clone + Default, const N: usize>(
     Ok(v)
 }
 
-fn bf16s(d: &[u8], what: &'static str) -> Res<Vec<bf16>> {
+pub(crate) fn bf16s(d: &[u8], what: &'static str) -> Res<Vec<bf16>> {
     decode(d, what, |c: [u8; 2]| bf16::from_bits(u16::from_le_bytes(c)))
 }
 
-fn f32s(d: &[u8], what: &'static str) -> Res<Vec<f32>> {
+pub(crate) fn f32s(d: &[u8], what: &'static str) -> Res<Vec<f32>> {
     decode(d, what, f32::from_le_bytes)
 }
 
@@ -171,29 +172,7 @@ pub fn read_case(input: &Path) -> Res<Case> {
         .ok()
         .and_then(|(_, m)| m.metadata().clone())
         .unwrap_or_default();
-    let tensor = |name: &str, dtypes: &[Dtype], rank: usize| {
-        let t = st
-            .tensor(name)
-            .map_err(|e| format!("{inp}: tensor {name}: {e}"))?;
-        if !dtypes.contains(&t.dtype()) {
-            return Err(format!(
-                "{inp}: tensor {name}: dtype {:?}, expected {}",
-                t.dtype(),
-                dtypes
-                    .iter()
-                    .map(|d| format!("{d:?}"))
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            ));
-        }
-        if t.shape().len() != rank {
-            return Err(format!(
-                "{inp}: tensor {name}: shape {:?}, expected rank {rank}",
-                t.shape()
-            ));
-        }
-        Ok(t)
-    };
+    let tensor = |name: &str, dtypes: &[Dtype], rank: usize| tensor(&st, &inp, name, dtypes, rank);
     let q = tensor("index_q", &[Dtype::BF16], 4)?;
     let w = tensor("weights", &[Dtype::BF16], 3)?;
     let k = tensor("index_k", &[Dtype::BF16], 3)?;
@@ -261,27 +240,7 @@ pub fn read_case(input: &Path) -> Res<Case> {
             .map(|&v| i32::try_from(v).unwrap_or(if v < 0 { -1 } else { i32::MAX }))
             .collect(),
     };
-    let grad_loss = st.tensor("grad_loss").ok().map(|t| {
-        if t.dtype() != Dtype::F32 {
-            return Err(format!(
-                "{inp}: tensor grad_loss: dtype {:?}, expected F32 (or pass --grad-loss)",
-                t.dtype()
-            ));
-        }
-        if !(t.shape().is_empty() || t.shape() == [1]) {
-            return Err(format!(
-                "{inp}: tensor grad_loss: shape {:?}, expected [1] or [] (or pass --grad-loss)",
-                t.shape()
-            ));
-        }
-        let v = f32s(t.data(), "grad_loss")?[0];
-        if !v.is_finite() {
-            return Err(format!(
-                "{inp}: tensor grad_loss: {v} is not finite (a host scalar here, rejected as SPEC says; pass --grad-loss)"
-            ));
-        }
-        Ok(v)
-    });
+    let grad_loss = grad_loss_tensor(&st, &inp);
     Ok(Case {
         shape,
         index_q: bf16s(q.data(), "index_q")?,
@@ -298,17 +257,87 @@ pub fn read_case(input: &Path) -> Res<Case> {
     })
 }
 
+/// Tensor `name` of the file, checked to have one of `dtypes` and rank
+/// `rank` (`inp` names the file in errors).
+pub(crate) fn tensor<'a>(
+    st: &'a SafeTensors<'a>,
+    inp: &str,
+    name: &str,
+    dtypes: &[Dtype],
+    rank: usize,
+) -> Res<TensorView<'a>> {
+    let t = st
+        .tensor(name)
+        .map_err(|e| format!("{inp}: tensor {name}: {e}"))?;
+    if !dtypes.contains(&t.dtype()) {
+        return Err(format!(
+            "{inp}: tensor {name}: dtype {:?}, expected {}",
+            t.dtype(),
+            dtypes
+                .iter()
+                .map(|d| format!("{d:?}"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ));
+    }
+    if t.shape().len() != rank {
+        return Err(format!(
+            "{inp}: tensor {name}: shape {:?}, expected rank {rank}",
+            t.shape()
+        ));
+    }
+    Ok(t)
+}
+
+/// The file's `grad_loss` tensor: absent (`None`), one finite f32 of shape
+/// (1,) or (), or why it is unusable.
+pub(crate) fn grad_loss_tensor(st: &SafeTensors<'_>, inp: &str) -> Option<Res<f32>> {
+    let t = st.tensor("grad_loss").ok()?;
+    if t.dtype() != Dtype::F32 {
+        return Some(Err(format!(
+            "{inp}: tensor grad_loss: dtype {:?}, expected F32 (or pass --grad-loss)",
+            t.dtype()
+        )));
+    }
+    if !(t.shape().is_empty() || t.shape() == [1]) {
+        return Some(Err(format!(
+            "{inp}: tensor grad_loss: shape {:?}, expected [1] or [] (or pass --grad-loss)",
+            t.shape()
+        )));
+    }
+    let v = match f32s(t.data(), "grad_loss") {
+        Ok(v) => v[0],
+        Err(e) => return Some(Err(e)),
+    };
+    if !v.is_finite() {
+        return Some(Err(format!(
+            "{inp}: tensor grad_loss: {v} is not finite (a host scalar here, rejected as SPEC says; pass --grad-loss)"
+        )));
+    }
+    Some(Ok(v))
+}
+
+/// `grad_loss`: `flag` when given, else the file's (`stored`), else 1.0;
+/// with where it came from.
+pub(crate) fn choose_grad_loss(
+    flag: Option<f32>,
+    stored: &Option<Res<f32>>,
+    inp: &str,
+) -> Res<(f32, String)> {
+    match (flag, stored) {
+        (Some(v), _) => Ok((v, "--grad-loss".to_string())),
+        (None, Some(Ok(v))) => Ok((*v, inp.to_string())),
+        (None, Some(Err(e))) => Err(e.clone()),
+        (None, None) => Ok((1.0, format!("default: {inp} has no grad_loss"))),
+    }
+}
+
 impl Case {
     /// `grad_loss`: `flag` when given, else the file's (f32, one finite
     /// value), else 1.0; anything else in the file is an error, not a
     /// silent 1.0. With where it came from (`inp` names the file).
     pub fn grad_loss(&self, flag: Option<f32>, inp: &str) -> Res<(f32, String)> {
-        match (flag, &self.grad_loss) {
-            (Some(v), _) => Ok((v, "--grad-loss".to_string())),
-            (None, Some(Ok(v))) => Ok((*v, inp.to_string())),
-            (None, Some(Err(e))) => Err(e.clone()),
-            (None, None) => Ok((1.0, format!("default: {inp} has no grad_loss"))),
-        }
+        choose_grad_loss(flag, &self.grad_loss, inp)
     }
 
     /// Warnings about NaN and infinite input values (they propagate as

@@ -2,6 +2,8 @@
 //! problems, a GPU runner, error metrics, and GPU discovery that says
 //! `skipped: no CUDA device` (or fails under `INDEXER_REQUIRE_GPU=1`).
 
+pub mod dense;
+pub mod dense_io;
 pub mod io;
 pub mod report;
 

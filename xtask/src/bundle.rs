@@ -64,8 +64,9 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
 /// Test harnesses that never touch a GPU (generators, reports, file
 /// formats, source checks): CI runs them, and leaving them out keeps the
 /// bundle and the working tree under the 64 MiB a device call carries.
-const CPU_ONLY_HARNESSES: [&str; 5] = [
+const CPU_ONLY_HARNESSES: [&str; 6] = [
     "cpu",
+    "dense",
     "generators",
     "function_length",
     "report",

@@ -1,0 +1,197 @@
+//! The dense plan on device buffers: every check of the sparse `execute`
+//! contract, then [`Error::NotImplemented`], since the GPU kernel of dense
+//! mode is not written yet.
+
+use super::shape::Shape;
+use crate::args::{self, dk_align, Arg, GradOut};
+use crate::error::{Error, Result};
+use crate::shape::{check_finite, GradDtype, Options};
+use cudarc::driver::{sys, CudaContext, CudaStream, CudaView, CudaViewMut};
+use half::bf16;
+use std::sync::Arc;
+
+/// What [`Plan::execute`] returns after its checks pass.
+const NO_KERNEL: &str = "dense mode on the GPU: its kernel is not written \
+(dense::cpu::execute and dense::run compute it on the CPU)";
+
+/// Read-only device inputs of [`Plan::execute`] (`rows` and `cols` as in
+/// [`super::cpu::HostInputs`]).
+pub struct Inputs<'a> {
+    /// bf16 `(rows, H, D)`, 16-byte aligned.
+    pub index_q: CudaView<'a, bf16>,
+    /// bf16 `(rows, H)`.
+    pub weights: CudaView<'a, bf16>,
+    /// bf16 `(key rows, D)`, 16-byte aligned.
+    pub index_k: CudaView<'a, bf16>,
+    /// f32 `(rows, cols)`: attention mass.
+    pub attn_score: CudaView<'a, f32>,
+    /// f32 `(rows,)`: its row sums.
+    pub attn_l1norm: CudaView<'a, f32>,
+    /// f32 `(rows,)`: row log-sum-exp of the logits.
+    pub index_lse: CudaView<'a, f32>,
+    /// One f32: upstream gradient of the loss, to be read on the device.
+    pub grad_loss: CudaView<'a, f32>,
+}
+
+/// Device outputs of [`Plan::execute`].
+pub struct Outputs<'a> {
+    /// f32 `(rows, cols)`: raw logits on entry, grad_signal on return (0
+    /// at the columns a row does not see).
+    pub index_score: CudaViewMut<'a, f32>,
+    /// bf16 `(rows, H, D)`, 4-byte aligned.
+    pub d_index_q: CudaViewMut<'a, bf16>,
+    /// `(rows, H)` in the plan's `d_weights` type.
+    pub d_weights: GradOut<'a>,
+    /// `(key rows, D)` in the plan's `d_index_k` type.
+    pub d_index_k: GradOut<'a>,
+    /// At least [`Plan::workspace_bytes`] bytes, 16-byte aligned (`None`
+    /// allowed when that is zero).
+    pub workspace: Option<CudaViewMut<'a, u8>>,
+}
+
+/// A dense backward plan for one [`Shape`] and [`Options`] on one CUDA
+/// context.
+///
+/// **No GPU kernel exists for dense mode yet.** [`Plan::new`] validates the
+/// shape and options, and [`Plan::execute`] makes every check of the
+/// `execute` contract (contexts, element counts and types, alignment,
+/// overlaps, workspace, `loss_coeff`) and then returns
+/// [`Error::NotImplemented`] without writing anything. Use
+/// [`super::cpu::execute`] or [`super::run`] (host data) meanwhile.
+///
+/// Of [`Options`], `sm_scale`, `d_index_k` and `d_weights` apply; `key_ids`
+/// (dense keys are the causal columns), `score` (dense takes raw logits and
+/// their log-sum-exp) and `backend` are ignored.
+pub struct Plan {
+    shape: Shape,
+    opts: Options,
+    ctx: Arc<CudaContext>,
+}
+
+impl Plan {
+    /// Checks the shape envelope ([`Shape::validate`]) and the options'
+    /// scalars, and binds the plan to `ctx`. Loads no kernel (none exists).
+    pub fn new(ctx: &Arc<CudaContext>, shape: Shape, opts: Options) -> Result<Plan> {
+        shape.validate()?;
+        opts.validate()?;
+        Ok(Plan {
+            shape,
+            opts,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// The plan's shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The plan's options.
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// Device workspace `execute` needs: the f32 accumulator of
+    /// `d_index_k` when that output is bf16, zero otherwise (as in the
+    /// sparse plan).
+    pub fn workspace_bytes(&self) -> usize {
+        match self.opts.d_index_k {
+            GradDtype::F32 => 0,
+            GradDtype::Bf16 => self.shape.k_len() * 4,
+        }
+    }
+
+    /// Checks the call as the sparse [`crate::Plan::execute`] does (in the
+    /// same order: `loss_coeff`, the stream's context, the two typed
+    /// outputs' element types, then context, length, workspace, alignment
+    /// and overlap over the tensors in the order of [`Inputs`] and
+    /// [`Outputs`]) and returns the first failure; a call that passes
+    /// every check gets [`Error::NotImplemented`]. Either way nothing is
+    /// launched or written.
+    pub fn execute(
+        &self,
+        stream: &CudaStream,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        loss_coeff: f32,
+    ) -> Result<()> {
+        self.check(stream, inputs, outputs, loss_coeff)?;
+        Err(Error::NotImplemented { what: NO_KERNEL })
+    }
+
+    fn check(
+        &self,
+        stream: &CudaStream,
+        inputs: &Inputs<'_>,
+        outputs: &mut Outputs<'_>,
+        loss_coeff: f32,
+    ) -> Result<()> {
+        check_finite("loss_coeff", loss_coeff)?;
+        let ordinal = self.ctx.ordinal();
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::Device {
+                tensor: "stream",
+                expected: ordinal,
+            });
+        }
+        for (tensor, expected, got) in [
+            ("d_weights", self.opts.d_weights, outputs.d_weights.dtype()),
+            ("d_index_k", self.opts.d_index_k, outputs.d_index_k.dtype()),
+        ] {
+            if expected != got {
+                return Err(Error::Dtype {
+                    tensor,
+                    expected: expected.name(),
+                    actual: got.name(),
+                });
+            }
+        }
+        let (s, ctx) = (&self.shape, self.ctx.cu_ctx());
+        let (score, rows) = (s.score_len(), s.rows());
+        let dk = dk_align(self.opts.d_index_k);
+        let Outputs {
+            index_score,
+            d_index_q,
+            d_weights,
+            d_index_k,
+            workspace,
+        } = outputs;
+        // The guards order `stream` after earlier writers of each buffer;
+        // they drop at the end of this call (nothing is launched).
+        let held = [
+            args::input("index_q", &inputs.index_q, stream, s.q_len(), 16),
+            args::input("weights", &inputs.weights, stream, s.w_len(), 2),
+            args::input("index_k", &inputs.index_k, stream, s.k_len(), 16),
+            args::input("attn_score", &inputs.attn_score, stream, score, 4),
+            args::input("attn_l1norm", &inputs.attn_l1norm, stream, rows, 4),
+            args::input("index_lse", &inputs.index_lse, stream, rows, 4),
+            args::input("grad_loss", &inputs.grad_loss, stream, 1, 4),
+            args::output("index_score", index_score, stream, score, 4),
+            args::output("d_index_q", d_index_q, stream, s.q_len(), 4),
+            args::grad("d_weights", d_weights, stream, s.w_len(), 4),
+            args::grad("d_index_k", d_index_k, stream, s.k_len(), dk),
+        ];
+        let mut list: Vec<Arg> = held.iter().map(|(a, _)| *a).collect();
+        let ws_len = workspace.as_ref().map_or(0, |w| w.len());
+        let ws = workspace
+            .as_mut()
+            .map(|w| args::output("workspace", w, stream, ws_len, 16));
+        list.push(ws.as_ref().map_or_else(|| no_workspace(ctx), |(a, _)| *a));
+        args::check_args(&list, ctx, ordinal, ws_len, self.workspace_bytes())
+    }
+}
+
+/// The [`Arg`] of an absent workspace (no bytes: never misaligned, never
+/// overlapping).
+fn no_workspace(ctx: sys::CUcontext) -> Arg {
+    Arg {
+        name: "workspace",
+        ptr: 0,
+        bytes: 0,
+        len: 0,
+        expected: 0,
+        align: 16,
+        output: true,
+        ctx,
+    }
+}
