@@ -10,7 +10,7 @@
 //! staged rows, one per half-warp (no paired kernel; with H = 128 every
 //! item is fused).
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, HEAD_HALVES};
 use super::{CHUNK, DIM, DK_STRIDE, SMEM, SPLIT, THREADS};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{global, sreg};
@@ -27,6 +27,15 @@ const _: () = assert!(ROWS_PER_WARP.is_power_of_two());
 /// (docs/perf-notes.md, "Measurements behind code choices").
 pub(super) const RED_FIRST: u32 = 4;
 const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
+/// Staged dK rows (of its eight) each warp reduces right after issuing the
+/// next item's S: [`RED_FIRST`], or all eight with `HEAD_HALVES` (H = 128),
+/// where the half that did not compute the item's fused dK reduces all of
+/// them while the other computes and stages the next one's.
+pub(super) const RED_NOW: u32 = if HEAD_HALVES {
+    ROWS_PER_WARP
+} else {
+    RED_FIRST
+};
 // `reduce_rows` skips a fused call on the other half's group of four slots
 // whole: its calls must cover whole groups.
 const _: () = assert!(RED_FIRST.is_multiple_of(4) && ROWS_PER_WARP == 8);
@@ -109,7 +118,7 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
     if SPLIT {
         // Fused (H = 128): as below, a call on the other half's group of
         // four slots has nothing to do.
-        if PAIRED && fused.is_some() && lo < hi && ((lo ^ x) / 4) % 2 != half {
+        if PAIRED && fused.is_some() && lo < hi && !fused_reducer(fused, lo ^ x, half) {
             return;
         }
         // D = 64 (row kernels, and H = 128, whose items are all fused):
@@ -144,7 +153,7 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
     // Fused: a half reduces the slots of its groups of four, and the
     // calls cover whole groups (RED_FIRST is 0, 4 or 8), so a call on
     // the other half's group has nothing to do.
-    if fused.is_some() && lo < hi && ((lo ^ x) / 4) % 2 != half {
+    if fused.is_some() && lo < hi && !fused_reducer(fused, lo ^ x, half) {
         return;
     }
     // The key rows of slot `i`: (this half's, the other half's) for an
@@ -199,7 +208,7 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
         // (host-checked base, D*4 a multiple of 16).
         unsafe {
             if let Some(comp) = fused {
-                if r >= 0 && (slot / 4) % 2 == half {
+                if r >= 0 && fused_reducer(fused, slot, half) {
                     let cdk = c.half_base(comp).add(l.dk);
                     let v = smem::ld_v4_f32(cdk.add(slot * DK_STRIDE + lane * 16));
                     global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
@@ -221,5 +230,18 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
                 global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
             }
         }
+    }
+}
+
+/// Whether `half` reduces staged row `i` (of a warp's eight; any slot of
+/// its group of four) of a fused item computed by half `fused`: with
+/// `HEAD_HALVES` the half that did not compute it reduces them all, else
+/// the halves take every other group of four.
+#[inline(always)]
+fn fused_reducer(fused: Option<u32>, i: u32, half: u32) -> bool {
+    if HEAD_HALVES {
+        fused != Some(half)
+    } else {
+        (i / 4) % 2 == half
     }
 }

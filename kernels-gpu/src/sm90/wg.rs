@@ -73,7 +73,7 @@ use super::gate::{gate, wait_s_and_inputs};
 use super::load::{fetch, first_id, gather, load_count, load_row, put_row, raw_id};
 use super::mma::{dk, dq, issue_s, wait_s};
 use super::pair::{read_votes, vote};
-use super::reduce::{reduce_rows, stage, RED_FIRST, ROWS_PER_WARP};
+use super::reduce::{reduce_rows, stage, RED_NOW, ROWS_PER_WARP};
 use super::row_end::{store_dq_park_dw, sum_dw};
 use super::{Pos, Walk, CHUNK, K_BYTES, SMEM};
 use crate::abi::GradParams;
@@ -175,8 +175,8 @@ pub(super) unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams,
         unsafe { item(&c, &mut st) };
     }
     // The last item's remaining reductions.
-    if RED_FIRST < ROWS_PER_WARP {
-        reduce_rows(&c, RED_FIRST, ROWS_PER_WARP, st.fused_prev);
+    if RED_NOW < ROWS_PER_WARP {
+        reduce_rows(&c, RED_NOW, ROWS_PER_WARP, st.fused_prev);
     }
     // SAFETY: whole warpgroup; drains the unused S issued by the last item.
     unsafe { wait_s(&mut st.s) };
@@ -297,8 +297,8 @@ unsafe fn item<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF>, s
     }
     // The previous item's remaining reductions, overlapping this item's
     // dQ and dK products (its staging is rewritten only after B2).
-    if RED_FIRST < ROWS_PER_WARP && it > 0 {
-        reduce_rows(c, RED_FIRST, ROWS_PER_WARP, st.fused_prev);
+    if RED_NOW < ROWS_PER_WARP && it > 0 {
+        reduce_rows(c, RED_NOW, ROWS_PER_WARP, st.fused_prev);
     }
     // Uniform barrier (B2): dS complete and fenced. Paired: a barrier of
     // the whole CTA. When every slot holds the same key row in both
@@ -359,7 +359,7 @@ unsafe fn item<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF>, s
     // staged rows with coalesced vector reductions (one 512-byte row per
     // warp instruction) while the tensor cores run S(c+1); the other
     // rows follow in the next item, before its B2 ----
-    reduce_rows(c, 0, RED_FIRST, fused);
+    reduce_rows(c, 0, RED_NOW, fused);
     st.fused_prev = fused;
     if last {
         // SAFETY: after barrier M, which follows the partials' parking.
