@@ -103,6 +103,54 @@ pub struct GradParams {
     pub heads: u32,
 }
 
+/// Parameters of the dense mode's stage-1 kernel
+/// (`indexer_dense_score_grad`): the dense score gradient of one query row
+/// per CTA, written over `index_score`, the zeroing of the f32 dK
+/// accumulator and, with [`FLAG_ROW_CHUNKS`], each row's chunk count for
+/// the wgmma kernel that follows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DenseParams {
+    /// `attn_score`, f32 `(rows, cols)`: attention mass, read only.
+    pub attn_score: u64,
+    /// `attn_l1norm`, f32 `(rows,)`.
+    pub attn_l1norm: u64,
+    /// `index_score`, f32 `(rows, cols)`: raw logits in, grad_signal out
+    /// (0 at the columns a row does not see).
+    pub index_score: u64,
+    /// `index_lse`, f32 `(rows,)`.
+    pub index_lse: u64,
+    /// `grad_loss`, one f32 on the device.
+    pub grad_loss: u64,
+    /// u32 `(rows,)`: the visible key count `L` of each row (`<= cols`),
+    /// computed by the plan.
+    pub visible: u64,
+    /// `d_weights` (the chunk counts go over its row blocks, as in
+    /// [`GradParams`]).
+    pub d_weights: u64,
+    /// The f32 dK accumulator to zero, 16-byte aligned.
+    pub dk_accum: u64,
+    /// f32 elements of the accumulator (a multiple of 4).
+    pub dk_len: u64,
+    /// Query rows (the grid).
+    pub rows: u32,
+    /// Columns per row of the score tensors.
+    pub cols: u32,
+    /// `loss_coeff / rows`; the kernel multiplies by `grad_loss[0]`.
+    pub coeff: f32,
+    /// [`FLAG_ROW_CHUNKS`] and [`FLAG_DW_F32`] as in [`GradParams::flags`].
+    pub flags: u32,
+    /// Heads H (the d_weights row block of the chunk count).
+    pub heads: u32,
+    /// Keeps the struct a multiple of 8 bytes on both sides.
+    pub _pad: u32,
+}
+
+/// Threads per CTA of the dense stage-1 kernel (one query row per CTA).
+pub const DENSE_STAGE1_THREADS: u32 = 256;
+/// Its dynamic shared memory: one f32 partial of `G` per warp.
+pub const DENSE_STAGE1_SMEM: u32 = DENSE_STAGE1_THREADS / 32 * 4;
+
 /// Parameters of the f32 -> bf16 cast of the `d_index_k` accumulator.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -59,6 +59,9 @@ mod grad;
 mod smoke;
 #[cfg(target_arch = "nvptx64")]
 mod stage1;
+// Dense mode's stage 1 (sm_90a only: dense mode runs the wgmma path).
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod dense;
 #[cfg(all(target_arch = "nvptx64", kernels_watchdog))]
 pub mod watchdog;
 

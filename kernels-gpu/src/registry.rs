@@ -14,9 +14,10 @@
 //! This module uses only [`crate::abi`]; kernel modules may use it.
 
 use crate::abi::{
-    CastParams, CeilParams, GradParams, Sm100Params, Sm100ProbeParams, Sm100SmokeParams,
-    SmokeParams, CAST_THREADS, CEIL_BULK_THREADS, SM100_PROBE_THREADS, SM100_SMOKE_THREADS,
-    SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS, WATCHDOG_PROBE_THREADS,
+    CastParams, CeilParams, DenseParams, GradParams, Sm100Params, Sm100ProbeParams,
+    Sm100SmokeParams, SmokeParams, CAST_THREADS, CEIL_BULK_THREADS, DENSE_STAGE1_THREADS,
+    SM100_PROBE_THREADS, SM100_SMOKE_THREADS, SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS,
+    WATCHDOG_PROBE_THREADS,
 };
 
 /// A PTX file `cargo xtask build-ptx` writes (`kernels-gpu/ptx/kernels_<target>.ptx`).
@@ -99,6 +100,8 @@ pub enum Param {
     Sm100Stage2,
     /// One `u32` (the watchdog probe's tag).
     Tag,
+    /// [`DenseParams`].
+    Dense,
 }
 
 impl Param {
@@ -114,6 +117,7 @@ impl Param {
             Param::Sm100Probe => size_of::<Sm100ProbeParams>(),
             Param::Sm100Stage2 => size_of::<Sm100Params>(),
             Param::Tag => size_of::<u32>(),
+            Param::Dense => size_of::<DenseParams>(),
         }
     }
 }
@@ -365,6 +369,17 @@ pub const SM90_WG_H128: Kernel = k(
     Targets::SM90A,
 );
 
+/// Dense mode's stage 1 (`dense`): one query row per CTA, ahead of a
+/// wgmma kernel; in the sm_90a module only (dense mode on the GPU runs
+/// the Hopper fast path).
+pub const DENSE_STAGE1: Kernel = k(
+    "indexer_dense_score_grad",
+    Param::Dense,
+    DENSE_STAGE1_THREADS,
+    Bounds::Max { min_ctas: 4 },
+    Targets::SM90A,
+);
+
 /// The wgmma row kernel for H = 32, D = 64 (`sm90`, the D = 64 body with
 /// the head tile's rows 32..63 padded): as [`SM90_WG`].
 pub const SM90_WG_H32_D64: Kernel = k(
@@ -523,7 +538,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 38] = [
+pub const KERNELS: [Kernel; 39] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -544,6 +559,7 @@ pub const KERNELS: [Kernel; 38] = [
     SM90_WG_H32_D64,
     SM90_WG_H16_D64,
     SM90_WG_H128_D64,
+    DENSE_STAGE1,
     SMOKE,
     CEIL_MMA_K,
     CEIL_SCATTER_RED_K,

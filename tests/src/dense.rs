@@ -1,9 +1,12 @@
 //! Random dense-mode problems, and the sparse problem each one equals
 //! (the oracle of the dense CPU path is the sparse CPU reference on it).
 
+use crate::{f32_ref_errors, gpu_errors, same_bits, tolerances, Errors, Floors, GpuOut};
+use cudarc::driver::{CudaSlice, CudaStream};
 use dsa_indexer_bwd::dense::{self, cpu::HostInputs};
-use dsa_indexer_bwd::{bf16, KeyIds, Options, ScoreKind, Shape};
+use dsa_indexer_bwd::{bf16, GradDtype, GradOut, KeyIds, Options, ScoreKind, Shape};
 use rand::Rng;
+use std::sync::Arc;
 
 /// Logits are multiples of this (and stay within +-2^12 of the row's lse),
 /// so `logit - lse` is exact in f32: the sparse equivalent can hold it as
@@ -243,4 +246,172 @@ impl SparseEquivalent {
             loss_coeff: p.loss_coeff,
         }
     }
+}
+
+/// A [`DenseProblem`] on the device: inputs uploaded once, outputs of the
+/// plan's types, a workspace of the plan's size.
+pub struct DenseDevice {
+    q: CudaSlice<bf16>,
+    w: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    attn: CudaSlice<f32>,
+    l1: CudaSlice<f32>,
+    lse: CudaSlice<f32>,
+    grad_loss: CudaSlice<f32>,
+    score: CudaSlice<f32>,
+    dq: CudaSlice<bf16>,
+    dw_f32: CudaSlice<f32>,
+    dw_bf16: CudaSlice<bf16>,
+    dk_f32: CudaSlice<f32>,
+    dk_bf16: CudaSlice<bf16>,
+    ws: CudaSlice<u8>,
+}
+
+impl DenseDevice {
+    /// Uploads `p` (logits into `index_score`) with a workspace of
+    /// `ws_bytes` (at least 16).
+    pub fn upload(stream: &Arc<CudaStream>, p: &DenseProblem, ws_bytes: usize) -> Self {
+        let s = &p.shape;
+        let f32s = |v: &[f32]| stream.clone_htod(v).unwrap();
+        DenseDevice {
+            q: stream.clone_htod(&p.q).unwrap(),
+            w: stream.clone_htod(&p.w).unwrap(),
+            k: stream.clone_htod(&p.k).unwrap(),
+            attn: f32s(&p.attn),
+            l1: f32s(&p.l1),
+            lse: f32s(&p.lse),
+            grad_loss: f32s(&[p.grad_loss]),
+            score: f32s(&p.logits),
+            dq: stream.alloc_zeros(s.q_len()).unwrap(),
+            dw_f32: stream.alloc_zeros(s.w_len()).unwrap(),
+            dw_bf16: stream.alloc_zeros(s.w_len()).unwrap(),
+            dk_f32: stream.alloc_zeros(s.k_len()).unwrap(),
+            dk_bf16: stream.alloc_zeros(s.k_len()).unwrap(),
+            ws: stream.alloc_zeros(ws_bytes.max(16)).unwrap(),
+        }
+    }
+
+    /// Puts the problem's logits back into `index_score` (execute writes
+    /// grad_signal over them).
+    pub fn reset_logits(&mut self, stream: &Arc<CudaStream>, p: &DenseProblem) {
+        stream.memcpy_htod(&p.logits, &mut self.score).unwrap();
+    }
+
+    /// Runs `plan.execute` on these buffers (the output types of the
+    /// plan's options).
+    pub fn execute(
+        &mut self,
+        plan: &dense::Plan,
+        stream: &Arc<CudaStream>,
+        loss_coeff: f32,
+    ) -> dsa_indexer_bwd::Result<()> {
+        let opts = *plan.options();
+        let inputs = dense::Inputs {
+            index_q: self.q.as_view(),
+            weights: self.w.as_view(),
+            index_k: self.k.as_view(),
+            attn_score: self.attn.as_view(),
+            attn_l1norm: self.l1.as_view(),
+            index_lse: self.lse.as_view(),
+            grad_loss: self.grad_loss.as_view(),
+        };
+        let mut outputs = dense::Outputs {
+            index_score: self.score.as_view_mut(),
+            d_index_q: self.dq.as_view_mut(),
+            d_weights: match opts.d_weights {
+                GradDtype::F32 => GradOut::F32(self.dw_f32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(self.dw_bf16.as_view_mut()),
+            },
+            d_index_k: match opts.d_index_k {
+                GradDtype::F32 => GradOut::F32(self.dk_f32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(self.dk_bf16.as_view_mut()),
+            },
+            workspace: Some(self.ws.as_view_mut()),
+        };
+        plan.execute(stream, &inputs, &mut outputs, loss_coeff)
+    }
+
+    /// The outputs (after the stream's work), widened as [`GpuOut`] holds
+    /// them; `index_score_after` is the attention mass read back (it must
+    /// be unchanged).
+    pub fn download(&self, stream: &Arc<CudaStream>, opts: &Options) -> GpuOut {
+        let widen_bf16 = |v: &CudaSlice<bf16>| -> Vec<bf16> { stream.clone_dtoh(v).unwrap() };
+        let (d_weights, d_weights_bits) = match opts.d_weights {
+            GradDtype::F32 => {
+                let v = stream.clone_dtoh(&self.dw_f32).unwrap();
+                (
+                    v.iter().map(|&x| x as f64).collect(),
+                    v.iter().map(|x| x.to_bits()).collect(),
+                )
+            }
+            GradDtype::Bf16 => {
+                let v = widen_bf16(&self.dw_bf16);
+                (
+                    v.iter().map(|x| x.to_f64()).collect(),
+                    v.iter().map(|x| x.to_bits() as u32).collect(),
+                )
+            }
+        };
+        let d_index_k = match opts.d_index_k {
+            GradDtype::F32 => stream
+                .clone_dtoh(&self.dk_f32)
+                .unwrap()
+                .iter()
+                .map(|&x| x as f64)
+                .collect(),
+            GradDtype::Bf16 => widen_bf16(&self.dk_bf16)
+                .iter()
+                .map(|x| x.to_f64())
+                .collect(),
+        };
+        GpuOut {
+            grad_signal: stream.clone_dtoh(&self.score).unwrap(),
+            index_score_after: stream.clone_dtoh(&self.attn).unwrap(),
+            d_index_q: widen_bf16(&self.dq),
+            d_weights,
+            d_index_k,
+            d_weights_bits,
+        }
+    }
+}
+
+/// Checks dense GPU outputs against the f64 dense reference: SPEC's
+/// tolerances, and at most 2x the error of the f32/bf16-dS reference (or
+/// 2x `floors`); `attn_score` must be unchanged. Returns the errors, or
+/// what failed.
+pub fn compare_dense(p: &DenseProblem, out: &GpuOut, floors: Floors) -> Result<Errors, String> {
+    let r = dense::cpu::reference(&p.shape, &p.opts, &p.host()).map_err(|e| e.to_string())?;
+    let f = dense::cpu::reference_f32_bf16_ds(&p.shape, &p.opts, &p.host())
+        .map_err(|e| e.to_string())?;
+    let (e, e32, tol) = (
+        gpu_errors(out, &r),
+        f32_ref_errors(&f, &r, &p.opts),
+        tolerances(&p.opts),
+    );
+    let ctx = format!(
+        "shape {:?} opts {:?}: gpu {e:?} f32-ref {e32:?}",
+        p.shape, p.opts
+    );
+    let rows = [
+        (
+            "grad_signal",
+            e.grad_signal,
+            e32.grad_signal,
+            tol.grad_signal,
+        ),
+        ("d_index_q", e.d_index_q, e32.d_index_q, tol.d_index_q),
+        ("d_weights", e.d_weights, e32.d_weights, tol.d_weights),
+        ("d_index_k", e.d_index_k, e32.d_index_k, tol.d_index_k),
+    ];
+    for ((name, got, f32e, tol), floor) in rows.into_iter().zip(floors) {
+        if !(got <= tol && got <= 2.0 * f32e.max(floor)) {
+            return Err(format!(
+                "{name}: error {got:.3e} (tolerance {tol:.1e}); {ctx}"
+            ));
+        }
+    }
+    if !same_bits(&out.index_score_after, &p.attn) {
+        return Err(format!("attn_score changed; {ctx}"));
+    }
+    Ok(e)
 }

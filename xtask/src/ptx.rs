@@ -423,6 +423,7 @@ fn dynamic_smem(kernel: &str) -> String {
         Param::Sm100Smoke => kernels_gpu::abi::SM100_SMOKE_SMEM,
         Param::Smoke => kernels_gpu::abi::SMOKE_SMEM_BYTES,
         Param::Tag => kernels_gpu::abi::WATCHDOG_PROBE_SMEM,
+        Param::Dense => kernels_gpu::abi::DENSE_STAGE1_SMEM,
         Param::Grad if *k == registry::STAGE1 || *k == registry::STAGE1_D64 => {
             kernels_gpu::abi::STAGE1_SMEM
         }

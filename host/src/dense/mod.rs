@@ -18,9 +18,12 @@
 //! - [`cpu::reference`] (f64, the oracle), [`cpu::reference_f32_bf16_ds`]
 //!   and [`cpu::execute`] (the fallback), multi-threaded;
 //! - [`run`]: one problem held on the host (on the CPU);
-//! - [`Plan`]: validation of device buffers; **no GPU kernel exists yet**:
+//! - [`Plan`]: on compute capability 9.0 (H100, H200), dense stage 1 and
+//!   the sparse path's wgmma kernels on the equivalent sparse problem
+//!   (key ids built once by the plan, [`MAX_GPU_SCORES`]); elsewhere
 //!   [`Plan::execute`] returns [`crate::Error::NotImplemented`] after its
-//!   checks.
+//!   checks. A dense kernel proper (K tiles loaded whole, dK reduced once
+//!   per key tile) is not written yet.
 //!
 //! Of [`crate::Options`], `sm_scale`, `d_index_k` and `d_weights` apply;
 //! `key_ids`, `score` and `backend` are ignored.
@@ -46,7 +49,7 @@
 //!     index_score: &logits, index_lse: &lse, grad_loss: 1.0, loss_coeff: 1.0,
 //! };
 //! let r = dense::run(&shape, &Options::default(), &x, /* allow_gpu */ true)?;
-//! assert_eq!(r.backend, "cpu"); // no dense GPU kernel yet
+//! assert_eq!(r.backend, "cpu"); // dense::run computes on the CPU
 //! assert!(r.grad_signal[..4].iter().all(|&g| g == 0.0)); // row 0 sees no key
 //! assert_ne!(r.grad_signal[4], 0.0); // row 1 sees key 0
 //! assert_eq!(r.grad_signal[5], 0.0); // ... and not key 1
@@ -66,10 +69,12 @@
 //! ```
 
 pub mod cpu;
+mod gpu;
 mod oneshot;
 mod plan;
 mod shape;
 
+pub use gpu::MAX_GPU_SCORES;
 pub use oneshot::{run, run_with_progress};
 pub use plan::{Inputs, Outputs, Plan};
 pub use shape::{Layout, Row, Shape};

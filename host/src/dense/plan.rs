@@ -1,7 +1,9 @@
 //! The dense plan on device buffers: every check of the sparse `execute`
-//! contract, then [`Error::NotImplemented`], since the GPU kernel of dense
-//! mode is not written yet.
+//! contract, then the launches of [`super::gpu`] (Hopper, compute
+//! capability 9.0), or [`Error::NotImplemented`] where that path does not
+//! run.
 
+use super::gpu::{DenseGpu, Ptrs};
 use super::shape::Shape;
 use crate::args::{self, dk_align, Arg, GradOut};
 use crate::error::{Error, Result};
@@ -10,8 +12,10 @@ use cudarc::driver::{sys, CudaContext, CudaStream, CudaView, CudaViewMut};
 use half::bf16;
 use std::sync::Arc;
 
-/// What [`Plan::execute`] returns after its checks pass.
-const NO_KERNEL: &str = "dense mode on the GPU: its kernel is not written \
+/// What [`Plan::execute`] returns after its checks pass where the GPU
+/// path does not run.
+const NO_KERNEL: &str = "dense mode on this GPU or shape: it runs on compute \
+capability 9.0 with more than 64 key columns and at most 2^29 score elements \
 (dense::cpu::execute and dense::run compute it on the CPU)";
 
 /// Read-only device inputs of [`Plan::execute`] (`rows` and `cols` as in
@@ -52,12 +56,15 @@ pub struct Outputs<'a> {
 /// A dense backward plan for one [`Shape`] and [`Options`] on one CUDA
 /// context.
 ///
-/// **No GPU kernel exists for dense mode yet.** [`Plan::new`] validates the
-/// shape and options, and [`Plan::execute`] makes every check of the
-/// `execute` contract (contexts, element counts and types, alignment,
-/// overlaps, workspace, `loss_coeff`) and then returns
-/// [`Error::NotImplemented`] without writing anything. Use
-/// [`super::cpu::execute`] or [`super::run`] (host data) meanwhile.
+/// On compute capability 9.0 (H100, H200), with more than 64 key columns
+/// and at most [`super::MAX_GPU_SCORES`] score elements, [`Plan::execute`]
+/// runs dense mode's stage 1 and then the sparse path's wgmma kernels on
+/// the equivalent sparse problem (`topk` = the key columns; see
+/// [`Plan::on_gpu`]). The plan builds that problem's key ids once and
+/// holds them on the device: 4 bytes per score element, plus 4 per row.
+/// Elsewhere `execute` makes every check and returns
+/// [`Error::NotImplemented`] without writing anything; use
+/// [`super::cpu::execute`] or [`super::run`] (host data) there.
 ///
 /// Of [`Options`], `sm_scale`, `d_index_k` and `d_weights` apply; `key_ids`
 /// (dense keys are the causal columns), `score` (dense takes raw logits and
@@ -66,19 +73,31 @@ pub struct Plan {
     shape: Shape,
     opts: Options,
     ctx: Arc<CudaContext>,
+    /// The GPU path, where it runs.
+    gpu: Option<DenseGpu>,
 }
 
 impl Plan {
     /// Checks the shape envelope ([`Shape::validate`]) and the options'
-    /// scalars, and binds the plan to `ctx`. Loads no kernel (none exists).
+    /// scalars, binds the plan to `ctx` and, where the GPU path runs,
+    /// loads its kernels and uploads the shape's key ids (synchronously,
+    /// on the context's default stream).
     pub fn new(ctx: &Arc<CudaContext>, shape: Shape, opts: Options) -> Result<Plan> {
         shape.validate()?;
         opts.validate()?;
+        let gpu = DenseGpu::new(ctx, &shape)?;
         Ok(Plan {
             shape,
             opts,
             ctx: ctx.clone(),
+            gpu,
         })
+    }
+
+    /// Whether [`Plan::execute`] runs on the GPU (else it returns
+    /// [`Error::NotImplemented`] after its checks).
+    pub fn on_gpu(&self) -> bool {
+        self.gpu.is_some()
     }
 
     /// The plan's shape.
@@ -105,9 +124,13 @@ impl Plan {
     /// same order: `loss_coeff`, the stream's context, the two typed
     /// outputs' element types, then context, length, workspace, alignment
     /// and overlap over the tensors in the order of [`Inputs`] and
-    /// [`Outputs`]) and returns the first failure; a call that passes
-    /// every check gets [`Error::NotImplemented`]. Either way nothing is
-    /// launched or written.
+    /// [`Outputs`]) and returns the first failure, with nothing launched
+    /// or written. Then runs on `stream` and returns without
+    /// synchronising: `index_score` <- grad_signal (0 past each row's
+    /// visible columns), `d_index_q`, `d_weights`, `d_index_k` written; no
+    /// device memory is allocated. Where the GPU path does not run
+    /// ([`Plan::on_gpu`]), a call that passes every check gets
+    /// [`Error::NotImplemented`] instead, with nothing written.
     pub fn execute(
         &self,
         stream: &CudaStream,
@@ -115,11 +138,10 @@ impl Plan {
         outputs: &mut Outputs<'_>,
         loss_coeff: f32,
     ) -> Result<()> {
-        self.check(stream, inputs, outputs, loss_coeff)?;
-        Err(Error::NotImplemented { what: NO_KERNEL })
+        self.check_and_run(stream, inputs, outputs, loss_coeff)
     }
 
-    fn check(
+    fn check_and_run(
         &self,
         stream: &CudaStream,
         inputs: &Inputs<'_>,
@@ -171,13 +193,36 @@ impl Plan {
             args::grad("d_weights", d_weights, stream, s.w_len(), 4),
             args::grad("d_index_k", d_index_k, stream, s.k_len(), dk),
         ];
-        let mut list: Vec<Arg> = held.iter().map(|(a, _)| *a).collect();
         let ws_len = workspace.as_ref().map_or(0, |w| w.len());
         let ws = workspace
             .as_mut()
             .map(|w| args::output("workspace", w, stream, ws_len, 16));
-        list.push(ws.as_ref().map_or_else(|| no_workspace(ctx), |(a, _)| *a));
-        args::check_args(&list, ctx, ordinal, ws_len, self.workspace_bytes())
+        let ws_arg = ws.as_ref().map_or_else(|| no_workspace(ctx), |(a, _)| *a);
+        let list: [Arg; 12] = std::array::from_fn(|i| held.get(i).map_or(ws_arg, |(a, _)| *a));
+        args::check_args(&list, ctx, ordinal, ws_len, self.workspace_bytes())?;
+        let Some(gpu) = &self.gpu else {
+            return Err(Error::NotImplemented { what: NO_KERNEL });
+        };
+        let ptr = |i: usize| list[i].ptr;
+        let p = Ptrs {
+            q: ptr(0),
+            w: ptr(1),
+            k: ptr(2),
+            attn: ptr(3),
+            l1: ptr(4),
+            lse: ptr(5),
+            grad_loss: ptr(6),
+            score: ptr(7),
+            dq: ptr(8),
+            dw: ptr(9),
+            dk: ptr(10),
+            ws: ptr(11),
+        };
+        // SAFETY: every address passed the checks above for this plan's
+        // shape on `stream`'s context, the workspace included (the
+        // accumulator when d_index_k is bf16); the guards in `held` and
+        // `ws` stay alive until the launches are queued.
+        unsafe { gpu.launch(stream, &p, &self.opts, loss_coeff) }
     }
 }
 

@@ -105,8 +105,15 @@ impl Cast {
     /// Casts `shape.k_len()` f32 elements at `src` into bf16 at `dst`.
     ///
     /// # Safety
-    /// `src` and `dst` checked for a plan of `shape` (`args::check`).
-    unsafe fn launch(&self, stream: &CudaStream, shape: &Shape, src: u64, dst: u64) -> Result<()> {
+    /// `src` and `dst` checked for a plan of `shape` (`args::check`, or
+    /// dense mode's checks for its sparse-equivalent shape).
+    pub(crate) unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        shape: &Shape,
+        src: u64,
+        dst: u64,
+    ) -> Result<()> {
         let c = CastParams {
             src,
             dst,

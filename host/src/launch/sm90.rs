@@ -18,8 +18,8 @@ use super::common::{launch_stage1, Run};
 use crate::error::Result;
 use crate::gpu;
 use crate::shape::Shape;
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
-use kernels_gpu::params::FLAG_PAIR_DISPATCH;
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use kernels_gpu::params::{GradParams, FLAG_PAIR_DISPATCH};
 use kernels_gpu::sm90;
 use std::sync::Arc;
 
@@ -89,19 +89,36 @@ impl Wgmma {
     /// # Safety
     /// `run.params` passed `args::check` for this plan's shape.
     pub(crate) unsafe fn launch(&self, run: &Run<'_>) -> Result<()> {
-        let stream = run.stream;
-        let mut p = run.params;
-        // SAFETY: `p` checked for the shape; stage 1's contract is kept by
-        // `launch_stage1`; the paired kernel runs `sm90::PAIR`'s CTAs on
-        // `pair`'s grid, the row kernel `row_threads` on `grid` with
-        // `row_smem` bytes, its `WgRow`'s (limits raised in `new`); stage 1
-        // is the one of the row kernel's D (it zeroes `B*S_k*D`). Both are
+        // SAFETY: `run.params` checked for the shape; stage 1's contract is
+        // kept by `launch_stage1` (it is the one of the row kernel's D: it
+        // zeroes `B*S_k*D`); stage 2's by `launch_stage2`.
+        unsafe {
+            launch_stage1(run.stream, &self.stage1, run.shape, &run.params)?;
+            run.mark(|e| &e.zeroed)?;
+            self.launch_stage2(run.stream, run.params)?;
+        }
+        run.mark(|e| &e.gradients)
+    }
+
+    /// The wgmma kernels alone, as programmatic dependents of the stage 1
+    /// launched just before on `stream` (this path's, or dense mode's).
+    ///
+    /// # Safety
+    /// `p` holds checked addresses for this plan's shape, and the previous
+    /// launch on `stream` is a stage 1 for them (grad_signal, zeroed
+    /// accumulator, chunk counts when `p.flags` asks for them).
+    pub(crate) unsafe fn launch_stage2(
+        &self,
+        stream: &CudaStream,
+        mut p: GradParams,
+    ) -> Result<()> {
+        // SAFETY: the paired kernel runs `sm90::PAIR`'s CTAs on `pair`'s
+        // grid, the row kernel `row_threads` on `grid` with `row_smem`
+        // bytes, its `WgRow`'s (limits raised in `new`). Both are
         // programmatic dependents: each executes griddepcontrol.wait before
         // it reads what stage 1 writes, and the paired kernel exits only
         // after that wait, so the row kernel's wait also covers stage 1.
         unsafe {
-            launch_stage1(stream, &self.stage1, run.shape, &p)?;
-            run.mark(|e| &e.zeroed)?;
             if let Some((pair_fn, pair_grid)) = &self.pair {
                 gpu::launch_pdl(
                     stream,
@@ -123,8 +140,7 @@ impl Wgmma {
                 self.row_threads,
                 self.row_smem,
                 &p,
-            )?;
+            )
         }
-        run.mark(|e| &e.gradients)
     }
 }

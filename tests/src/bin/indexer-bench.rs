@@ -45,12 +45,13 @@
 
 use clap::{Parser, ValueEnum};
 use dsa_indexer_bwd::cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut,
+    sys, CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut,
 };
 use dsa_indexer_bwd::oneshot::GradVec;
 use dsa_indexer_bwd::{
     bf16, gpu, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents, StageTimes,
 };
+use indexer_tests::dense::{DenseDevice, DenseProblem};
 use indexer_tests::io::{check_ids, read_case, serialize_outputs, OutFile, Res};
 use indexer_tests::report::{
     ceilings_json, dk_name, json_num, markdown, parse_json_lines, plot, point_json, Ceilings,
@@ -136,6 +137,10 @@ struct Cli {
     /// Writes the JSON lines.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Dense mode instead of the sparse workloads: causal, B = 1,
+    /// S_q = S_k = each value, the first --heads and --dim, f32 dK.
+    #[arg(long, value_delimiter = ',', conflicts_with = "input")]
+    dense: Vec<usize>,
     /// Re-renders --plot/--markdown from an earlier run's JSON lines (no GPU).
     #[arg(long, value_name = "RUN.jsonl", conflicts_with = "input")]
     from_json: Option<PathBuf>,
@@ -394,6 +399,8 @@ fn main() -> ExitCode {
             .and_then(|(gpu, ceil, points)| write_reports(&cli, &gpu, &ceil, &points))
     } else if let Some(input) = &cli.input {
         run_input(&cli, input)
+    } else if !cli.dense.is_empty() {
+        run_dense(&cli)
     } else {
         run_workload(&cli)
     };
@@ -404,6 +411,55 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Dense mode (`--dense`): the whole `execute` per sequence length, by
+/// CUDA events around each call (the logits restored before each, outside
+/// the events), median, min and p90 of `--runs` after `--warmup`.
+fn run_dense(cli: &Cli) -> Res<()> {
+    if dsa_indexer_bwd::cuda_device_count() == 0 {
+        println!("indexer-bench: skipped: no CUDA device");
+        return Ok(());
+    }
+    let ctx = CudaContext::new(0).map_err(|e| format!("device 0: {e}"))?;
+    let stream = ctx.default_stream();
+    let (h, d) = (cli.heads[0], cli.dim[0]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cli.seed);
+    let opts = Options::default();
+    let ev = |_| {
+        ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| e.to_string())
+    };
+    let (start, end) = (ev(0)?, ev(1)?);
+    for &s in &cli.dense {
+        let shape = dsa_indexer_bwd::dense::Shape::bshd(1, s, s, h, d);
+        let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.0);
+        let plan = dsa_indexer_bwd::dense::Plan::new(&ctx, shape, opts)
+            .map_err(|e| format!("dense plan: {e}"))?;
+        let mut dev = DenseDevice::upload(&stream, &p, plan.workspace_bytes());
+        let mut us = Vec::new();
+        for i in 0..cli.warmup + cli.runs.max(1) {
+            dev.reset_logits(&stream, &p);
+            start.record(&stream).map_err(|e| e.to_string())?;
+            dev.execute(&plan, &stream, p.loss_coeff)
+                .map_err(|e| format!("dense execute: {e}"))?;
+            end.record(&stream).map_err(|e| e.to_string())?;
+            end.synchronize().map_err(|e| e.to_string())?;
+            let t = start.elapsed_ms(&end).map_err(|e| e.to_string())? as f64 * 1e3;
+            if i >= cli.warmup {
+                us.push(t);
+            }
+        }
+        us.sort_by(f64::total_cmp);
+        println!(
+            "dense causal B=1 S={s} H={h} D={d} f32 dK: median {:.0} us, min {:.0}, p90 {:.0} ({} runs)",
+            us[us.len() / 2],
+            us[0],
+            us[(us.len() * 9 / 10).min(us.len() - 1)],
+            us.len()
+        );
+    }
+    Ok(())
 }
 
 /// Whole-`execute` times of one problem on the device.

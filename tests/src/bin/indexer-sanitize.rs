@@ -12,8 +12,11 @@
 //! matched the reference; the sanitizer's own exit code reports its
 //! findings.
 
-use dsa_indexer_bwd::{Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
-use indexer_tests::{check_against_reference, gpu, run_gpu, shape, Gen, Padding, Problem, Values};
+use dsa_indexer_bwd::{dense, Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
+use indexer_tests::dense::{compare_dense, DenseDevice, DenseProblem};
+use indexer_tests::{
+    check_against_reference, gpu, run_gpu, shape, Gen, Padding, Problem, Values, CONTINUOUS_FLOORS,
+};
 use kernels_gpu::sm90::ids_pair_up;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -235,5 +238,63 @@ fn main() {
             e.d_index_k
         );
     }
-    println!("indexer-sanitize: {} cases ok", cases.len());
+    let dense = dense_cases();
+    for (i, (name, p)) in dense.iter().enumerate() {
+        let plan = dense::Plan::new(&ctx, p.shape.clone(), p.opts).expect("dense plan");
+        assert!(plan.on_gpu(), "{name}: the dense GPU path");
+        let stream = ctx.default_stream();
+        let mut d = DenseDevice::upload(&stream, p, plan.workspace_bytes());
+        d.execute(&plan, &stream, p.loss_coeff)
+            .expect("dense execute");
+        let out = d.download(&stream, &p.opts);
+        let e = compare_dense(p, &out, CONTINUOUS_FLOORS).unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "dense case {}/{}: {name}: errors dq {:.2e} dw {:.2e} dk {:.2e}: ok",
+            i + 1,
+            dense.len(),
+            e.d_index_q,
+            e.d_weights,
+            e.d_index_k
+        );
+    }
+    println!("indexer-sanitize: {} cases ok", cases.len() + dense.len());
+}
+
+/// Dense mode's cases: its stage 1, then the wgmma kernels of the
+/// equivalent sparse problem (H = 64, D = 128: the paired kernel computes,
+/// the dense rows sharing their keys; bf16 dK: the cast), and a packed
+/// batch with offsets and ratio 2 on H = 16, D = 64.
+fn dense_cases() -> Vec<(&'static str, DenseProblem)> {
+    let bf16_dk = Options {
+        sm_scale: 0.5,
+        d_index_k: GradDtype::Bf16,
+        ..Options::default()
+    };
+    let f32_all = Options {
+        sm_scale: 0.5,
+        d_weights: GradDtype::F32,
+        ..Options::default()
+    };
+    let cases = [
+        (
+            "dense stage1 + wgmma H=64 D=128 (BSHD, offsets) + cast",
+            dense::Shape::bshd(2, 40, 130, 64, 128).with_q_offset(vec![0, 50]),
+            bf16_dk,
+        ),
+        (
+            "dense stage1 + wgmma H=16 D=64 (packed, offsets, ratio 2)",
+            dense::Shape::varlen(vec![0, 30, 47], vec![0, 150, 230], 16, 64)
+                .with_q_offset(vec![100, 7])
+                .with_ratio(2),
+            f32_all,
+        ),
+    ];
+    cases
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, shape, opts))| {
+            let mut rng = StdRng::seed_from_u64(0xde5e + i as u64);
+            (name, DenseProblem::random(&mut rng, shape, opts, 0.05))
+        })
+        .collect()
 }
