@@ -223,6 +223,39 @@ pub unsafe fn memset_zero(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usi
     Ok(())
 }
 
+/// The plan's context bound to the calling thread while this lives; the
+/// context that was current before is restored on drop.
+pub(crate) struct Bound {
+    /// The context to restore (null: none was current), or `None` when
+    /// the plan's context already was.
+    restore: Option<sys::CUcontext>,
+}
+
+impl Bound {
+    /// Binds `ctx` to the calling thread unless it is already current.
+    pub(crate) fn new(ctx: &CudaContext) -> Result<Bound> {
+        let prev = result::ctx::get_current()?;
+        if prev == Some(ctx.cu_ctx()) {
+            return Ok(Bound { restore: None });
+        }
+        ctx.bind_to_thread()?;
+        Ok(Bound {
+            restore: Some(prev.unwrap_or(std::ptr::null_mut())),
+        })
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            // SAFETY: `prev` was current on this thread when `new` ran (or
+            // null, which unbinds); a failure leaves the plan's context
+            // bound, which is harmless, so it is ignored.
+            let _ = unsafe { result::ctx::set_current(prev) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,6 +94,8 @@ impl Plan {
     }
 
     /// Runs the whole backward on `stream` and returns without synchronising.
+    /// Any thread may call it: the plan's context is made current for the
+    /// call and the thread's previous one (or none) restored after.
     ///
     /// Everything is checked first (contexts, element counts and types,
     /// alignment, overlaps, workspace, `loss_coeff`); a failed check returns
@@ -144,6 +146,9 @@ impl Plan {
         loss_coeff: f32,
         events: Option<&StageEvents>,
     ) -> Result<()> {
+        // Launches need the plan's context current on this thread (a
+        // thread the caller never bound it to included); restored after.
+        let _bound = crate::gpu::Bound::new(&self.ctx)?;
         let (s, opts) = (&self.shape, &self.opts);
         let want = Expected {
             shape: s,

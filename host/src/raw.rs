@@ -15,7 +15,7 @@ use crate::args::{self, Arg, Ptrs};
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::shape::{check_finite, GradDtype, Options, Shape};
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::{sys, CudaContext};
 use std::ffi::c_void;
 
 /// Device addresses of one call to [`Plan::execute_raw`], with the sizes
@@ -93,7 +93,7 @@ impl Plan {
     ) -> Result<()> {
         check_finite("loss_coeff", loss_coeff)?;
         let ctx = self.context();
-        let _bound = Bound::new(ctx)?;
+        let _bound = crate::gpu::Bound::new(ctx)?;
         // SAFETY: `stream` is valid by the caller's promise.
         unsafe { check_stream(ctx, stream)? };
         let opts = self.options();
@@ -130,38 +130,6 @@ impl Plan {
         // SAFETY: the addresses passed the checks above; their lengths and
         // element types are the caller's promise.
         unsafe { self.launch_checked(&stream, &ptrs, bufs.topk_indices_i64, loss_coeff, None) }
-    }
-}
-
-/// The plan's context bound to the calling thread while this lives; the
-/// context that was current before is restored on drop.
-struct Bound {
-    /// The context to restore (null: none was current), or `None` when
-    /// the plan's context already was.
-    restore: Option<sys::CUcontext>,
-}
-
-impl Bound {
-    fn new(ctx: &CudaContext) -> Result<Bound> {
-        let prev = result::ctx::get_current()?;
-        if prev == Some(ctx.cu_ctx()) {
-            return Ok(Bound { restore: None });
-        }
-        ctx.bind_to_thread()?;
-        Ok(Bound {
-            restore: Some(prev.unwrap_or(std::ptr::null_mut())),
-        })
-    }
-}
-
-impl Drop for Bound {
-    fn drop(&mut self) {
-        if let Some(prev) = self.restore {
-            // SAFETY: `prev` was current on this thread when `new` ran (or
-            // null, which unbinds); a failure leaves the plan's context
-            // bound, which is harmless, so it is ignored.
-            let _ = unsafe { result::ctx::set_current(prev) };
-        }
     }
 }
 

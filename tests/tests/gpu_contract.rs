@@ -1,6 +1,6 @@
 //! The contract of `execute` on the GPU: rejected calls write nothing,
-//! determinism, realistic shapes within tolerance, and CUDA-graph replay
-//! with a new `grad_loss`.
+//! determinism, realistic shapes within tolerance, CUDA-graph replay with
+//! a new `grad_loss`, and calls from a thread without a current context.
 
 use cudarc::driver::{sys, CudaSlice, CudaStream, CudaView};
 use dsa_indexer_bwd::{
@@ -427,6 +427,46 @@ fn cuda_graph_replay_picks_up_new_grad_loss() {
         let e = check_against_reference(&p, &out);
         println!("graph replay with grad_loss {new_loss}: {e:?}");
     }
+}
+
+/// `execute` from a thread where no context is current (a thread the
+/// caller never bound the plan's context to) runs and is correct, and
+/// leaves that thread as it found it: no context current afterwards.
+#[test]
+fn execute_runs_from_a_thread_without_a_current_context() {
+    let Some(ctx) = gpu("execute_runs_from_a_thread_without_a_current_context") else {
+        return;
+    };
+    let stream = ctx.default_stream();
+    let shape = Shape {
+        batch: 1,
+        seq_q: 24,
+        seq_k: 200,
+        heads: 64,
+        head_dim: 128,
+        topk: 130,
+    };
+    let opts = Options::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let p = Problem::random(&mut rng, shape, opts, gen(Values::Grid));
+    let plan = Plan::new(&ctx, shape, opts).unwrap();
+    let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
+    stream.synchronize().unwrap();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            // SAFETY: unbinding (null) is always allowed.
+            unsafe { cudarc::driver::result::ctx::set_current(std::ptr::null_mut()) }.unwrap();
+            d.execute(&plan, &stream, p.loss_coeff).unwrap();
+            let now = cudarc::driver::result::ctx::get_current().unwrap();
+            assert!(
+                now.is_none_or(|c| c.is_null()),
+                "execute left a context current"
+            );
+        });
+    });
+    stream.synchronize().unwrap();
+    let e = check_against_reference(&p, &d.download(&stream, &opts));
+    println!("from a fresh thread: {e:?}");
 }
 
 /// Runs `plan.execute` on `stream` with `d`'s buffers (typed by the plan's

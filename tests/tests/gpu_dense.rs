@@ -258,3 +258,45 @@ fn dense_gpu_matches_the_reference_on_random_problems() {
         })
         .unwrap();
 }
+
+/// `dense::run` with `allow_gpu` on host data: on compute capability 9.0
+/// it computes on the GPU and matches the f64 dense reference; without
+/// `allow_gpu` it gives the CPU fallback's result.
+#[test]
+fn dense_run_takes_the_gpu_when_allowed() {
+    let Some(ctx) = gpu("dense_run_takes_the_gpu_when_allowed") else {
+        return;
+    };
+    let (major, minor) = ctx.compute_capability().unwrap();
+    let shape = dense::Shape::varlen(vec![0, 20, 50], vec![0, 90, 200], 32, 128)
+        .with_q_offset(vec![80, 150]);
+    let opts = Options {
+        d_weights: GradDtype::F32,
+        ..Options::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.05);
+    let cpu = dense::run(&shape, &opts, &p.host(), false).unwrap();
+    assert_eq!(cpu.backend, "cpu");
+    let r = dense::run(&shape, &opts, &p.host(), true).unwrap();
+    if (major, minor) != (9, 0) {
+        return;
+    }
+    assert_eq!(r.backend, "gpu");
+    let widen = |v: &dsa_indexer_bwd::oneshot::GradVec| -> Vec<f64> {
+        match v {
+            dsa_indexer_bwd::oneshot::GradVec::F32(x) => x.iter().map(|&y| y as f64).collect(),
+            dsa_indexer_bwd::oneshot::GradVec::Bf16(x) => x.iter().map(|y| y.to_f64()).collect(),
+        }
+    };
+    let out = indexer_tests::GpuOut {
+        grad_signal: r.grad_signal.clone(),
+        index_score_after: p.attn.clone(),
+        d_index_q: r.d_index_q.clone(),
+        d_weights: widen(&r.d_weights),
+        d_index_k: widen(&r.d_index_k),
+        d_weights_bits: vec![],
+    };
+    let e = compare_dense(&p, &out, CONTINUOUS_FLOORS).unwrap_or_else(|e| panic!("{e}"));
+    println!("dense::run on the GPU: {e:?}");
+}

@@ -17,7 +17,8 @@
 //! What exists:
 //! - [`cpu::reference`] (f64, the oracle), [`cpu::reference_f32_bf16_ds`]
 //!   and [`cpu::execute`] (the fallback), multi-threaded;
-//! - [`run`]: one problem held on the host (on the CPU);
+//! - [`run`]: one problem held on the host (on the GPU where [`Plan`]
+//!   runs there and the caller allows it, else on the CPU);
 //! - [`Plan`]: on compute capability 9.0 (H100, H200), dense stage 1 and
 //!   the sparse path's wgmma kernels on the equivalent sparse problem
 //!   (key ids built once by the plan, [`MAX_GPU_SCORES`]); elsewhere
@@ -48,8 +49,9 @@
 //!     index_q: &q, weights: &w, index_k: &k, attn_score: &attn, attn_l1norm: &l1,
 //!     index_score: &logits, index_lse: &lse, grad_loss: 1.0, loss_coeff: 1.0,
 //! };
+//! // 4 key columns: too few for the GPU path, so the CPU computes it.
 //! let r = dense::run(&shape, &Options::default(), &x, /* allow_gpu */ true)?;
-//! assert_eq!(r.backend, "cpu"); // dense::run computes on the CPU
+//! assert_eq!(r.backend, "cpu");
 //! assert!(r.grad_signal[..4].iter().all(|&g| g == 0.0)); // row 0 sees no key
 //! assert_ne!(r.grad_signal[4], 0.0); // row 1 sees key 0
 //! assert_eq!(r.grad_signal[5], 0.0); // ... and not key 1

@@ -1,21 +1,25 @@
-//! One dense problem held on the host: computed on the CPU (dense mode has
-//! no GPU kernel yet).
+//! One dense problem held on the host: on the GPU where `dense::Plan`
+//! runs there (compute capability 9.0), else on the CPU.
 
 use super::cpu::{self, HostInputs, HostOutputs};
+use super::plan::{Inputs, Outputs, Plan};
 use super::shape::Shape;
+use crate::args::GradOut;
 use crate::cpu::{try_vec, Progress};
 use crate::error::Result;
 use crate::oneshot::{GradVec, HostResult};
-use crate::shape::Options;
+use crate::shape::{GradDtype, Options};
+use cudarc::driver::{CudaContext, CudaStream};
 use half::bf16;
+use std::sync::Arc;
 
 /// Runs the dense backward on host data and returns the outputs
 /// (`grad_signal` is what `index_score` holds afterwards, `(rows, cols)`).
 ///
-/// Today this always runs the CPU fallback ([`cpu::execute`]) and
-/// `backend` is `"cpu"`: dense mode has no GPU kernel yet. `allow_gpu` is
-/// there so that callers need not change when it gets one; it has no
-/// effect now.
+/// With `allow_gpu`, a CUDA device present and a plan that runs on it
+/// ([`Plan::on_gpu`]: compute capability 9.0, more than 64 key columns),
+/// it runs on device 0 (`backend` `"gpu"`); otherwise the CPU fallback
+/// ([`cpu::execute`], `backend` `"cpu"`).
 pub fn run(
     shape: &Shape,
     opts: &Options,
@@ -31,10 +35,17 @@ pub fn run_with_progress(
     shape: &Shape,
     opts: &Options,
     x: &HostInputs<'_>,
-    _allow_gpu: bool,
+    allow_gpu: bool,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<HostResult> {
     cpu::validate_host(shape, opts, x)?;
+    if allow_gpu && crate::cuda_device_count() > 0 {
+        let ctx = CudaContext::new(0)?;
+        let plan = Plan::new(&ctx, shape.clone(), *opts)?;
+        if plan.on_gpu() {
+            return run_gpu(&plan, &ctx.default_stream(), x);
+        }
+    }
     let mut grad_signal = try_vec(shape.score_len(), 0.0f32, "grad_signal")?;
     grad_signal.copy_from_slice(x.index_score);
     let mut r = HostResult {
@@ -52,4 +63,66 @@ pub fn run_with_progress(
     };
     cpu::execute_with_progress(shape, opts, x, out, progress)?;
     Ok(r)
+}
+
+/// Uploads `x`, runs `plan` on `stream`, waits and downloads the outputs.
+fn run_gpu(plan: &Plan, stream: &Arc<CudaStream>, x: &HostInputs<'_>) -> Result<HostResult> {
+    let (shape, opts) = (plan.shape(), plan.options());
+    let q = stream.clone_htod(x.index_q)?;
+    let w = stream.clone_htod(x.weights)?;
+    let k = stream.clone_htod(x.index_k)?;
+    let attn = stream.clone_htod(x.attn_score)?;
+    let l1 = stream.clone_htod(x.attn_l1norm)?;
+    let lse = stream.clone_htod(x.index_lse)?;
+    let gl = stream.clone_htod(&[x.grad_loss])?;
+    let mut score = stream.clone_htod(x.index_score)?;
+    let mut dq = stream.alloc_zeros::<bf16>(shape.q_len())?;
+    let mut ws = stream.alloc_zeros::<u8>(plan.workspace_bytes().max(16))?;
+    let (mut dw32, mut dw16) = (
+        stream.alloc_zeros::<f32>(shape.w_len())?,
+        stream.alloc_zeros::<bf16>(shape.w_len())?,
+    );
+    let (mut dk32, mut dk16) = (
+        stream.alloc_zeros::<f32>(shape.k_len())?,
+        stream.alloc_zeros::<bf16>(shape.k_len())?,
+    );
+    {
+        let inputs = Inputs {
+            index_q: q.as_view(),
+            weights: w.as_view(),
+            index_k: k.as_view(),
+            attn_score: attn.as_view(),
+            attn_l1norm: l1.as_view(),
+            index_lse: lse.as_view(),
+            grad_loss: gl.as_view(),
+        };
+        let mut outputs = Outputs {
+            index_score: score.as_view_mut(),
+            d_index_q: dq.as_view_mut(),
+            d_weights: match opts.d_weights {
+                GradDtype::F32 => GradOut::F32(dw32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(dw16.as_view_mut()),
+            },
+            d_index_k: match opts.d_index_k {
+                GradDtype::F32 => GradOut::F32(dk32.as_view_mut()),
+                GradDtype::Bf16 => GradOut::Bf16(dk16.as_view_mut()),
+            },
+            workspace: Some(ws.as_view_mut()),
+        };
+        plan.execute(stream, &inputs, &mut outputs, x.loss_coeff)?;
+    }
+    stream.synchronize()?;
+    Ok(HostResult {
+        grad_signal: stream.clone_dtoh(&score)?,
+        d_index_q: stream.clone_dtoh(&dq)?,
+        d_weights: match opts.d_weights {
+            GradDtype::F32 => GradVec::F32(stream.clone_dtoh(&dw32)?),
+            GradDtype::Bf16 => GradVec::Bf16(stream.clone_dtoh(&dw16)?),
+        },
+        d_index_k: match opts.d_index_k {
+            GradDtype::F32 => GradVec::F32(stream.clone_dtoh(&dk32)?),
+            GradDtype::Bf16 => GradVec::Bf16(stream.clone_dtoh(&dk16)?),
+        },
+        backend: "gpu",
+    })
 }

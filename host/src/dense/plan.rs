@@ -149,6 +149,8 @@ impl Plan {
         loss_coeff: f32,
     ) -> Result<()> {
         check_finite("loss_coeff", loss_coeff)?;
+        // The plan's context current on this thread for the launches.
+        let _bound = crate::gpu::Bound::new(&self.ctx)?;
         let ordinal = self.ctx.ordinal();
         if stream.context().cu_ctx() != self.ctx.cu_ctx() {
             return Err(Error::Device {
