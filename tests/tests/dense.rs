@@ -123,7 +123,7 @@ proptest! {
     /// SPEC's dense math is the sparse math on the equivalent sparse
     /// problem (slot j = key j of the row's batch for j < L, padding
     /// beyond): the two f64 references agree to the f32 rounding of the
-    /// targets, over BSHD and packed shapes, offsets, ratios 1, 2, 4, key
+    /// sparse side's targets (and predicts, as probabilities), over BSHD and packed shapes, offsets, ratios 1, 2, 4, key
     /// counts around the 64-key tile, both id conventions and both score
     /// kinds of the sparse side. Columns a row does not see hold NaN and
     /// must not be read.
@@ -141,7 +141,12 @@ proptest! {
         let sp = p.to_sparse(key_ids, kind);
         let s = cpu::reference(&sp.shape, &sp.opts, &sp.host(&p)).unwrap();
         let e = errors(&d, &s);
-        prop_assert!(e.iter().all(|&v| v <= 1e-6), "{shape:?}: errors {e:?}");
+        // The sparse side holds targets rounded to f32 and, as
+        // probabilities, predicts rounded to f32 too: in grad_signal =
+        // g - p G that rounding is amplified where the two terms nearly
+        // cancel (seen up to 1.02e-6 on five-row problems).
+        let limit = if log { 1e-6 } else { 1e-5 };
+        prop_assert!(e.iter().all(|&v| v <= limit), "{shape:?}: errors {e:?}");
         // Beyond L: exactly zero on both sides.
         let cols = shape.score_cols();
         for (r, (_, l)) in indexer_tests::dense::spec_rows(&shape).into_iter().enumerate() {
