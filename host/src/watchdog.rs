@@ -122,9 +122,9 @@ mod tests {
     #[test]
     fn only_watchdog_builds_are_recognised() {
         for embedded in [
-            crate::gpu::PTX_SM90A,
-            crate::gpu::PTX_SM100F,
-            crate::gpu::PTX_SM90,
+            kernels_gpu::PTX_SM90A,
+            kernels_gpu::PTX_SM100F,
+            kernels_gpu::PTX_SM90,
         ] {
             assert!(!is_watchdog_build(embedded));
         }
