@@ -108,8 +108,53 @@ macro_rules! d64_sizes {
     };
 }
 
+/// The entry of a wgmma row kernel whose body `role_modules!` compiled in
+/// the invoking module (two warpgroups on one row, launched alone): the
+/// dispatch test, which computes at once (the host sets
+/// `FLAG_PAIR_DISPATCH` only for H = 64, D = 128), then `wg::stage2`.
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+macro_rules! row_entry {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::GradParams) {
+            // SAFETY: forwarded launch contract; the whole CTA runs the
+            // test.
+            unsafe {
+                let go = pair::dispatch::<false>(&p);
+                wg::stage2::<false, 0>(&p, go)
+            }
+        }
+    };
+}
+
+/// The entry of an H = 128 kernel whose body `role_modules!` compiled in
+/// the invoking module: the row kernel's dispatch test (it computes at
+/// once) before the CTA splits into its two halves, each running
+/// `wg::stage2` with `PAIRED` on its 64 heads of the same rows.
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+macro_rules! halves_entry {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::GradParams) {
+            // SAFETY: forwarded launch contract; the whole CTA runs the
+            // test before the halves split.
+            unsafe {
+                let go = pair::dispatch::<false>(&p);
+                if crate::ptx::sreg::thread_idx_x() < THREADS {
+                    wg::stage2::<true, 0>(&p, go)
+                } else {
+                    wg::stage2::<true, 1>(&p, go)
+                }
+            }
+        }
+    };
+}
+
 // The other shapes' kernels: the role modules compiled again with their
-// constants (`role_modules!`, `d64_sizes!`).
+// constants (`role_modules!`, `d64_sizes!`) and their entries
+// (`row_entry!`, `halves_entry!`).
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod d64;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]

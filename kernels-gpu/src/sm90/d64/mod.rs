@@ -16,26 +16,18 @@
 //! the row kernel's body names it under `PAIRED = false`.
 
 use super::*;
-use crate::abi::GradParams;
 
 d64_sizes!();
 
 role_modules!();
 
-/// Persistent warpgroup-MMA stage-2 kernel for H = 64, D = 64, launched
-/// alone (no paired kernel); the launch contract of `wg::stage2` with
-/// `D = 64`, [`SMEM_D64`] bytes of dynamic shared memory and the D = 64
-/// stage 1 (`indexer_score_grad_d64`) ahead of it.
-///
-/// # Safety
-/// As `wg::stage2` for D = 64.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h64_d64(p: GradParams) {
-    // SAFETY: forwarded launch contract; the whole CTA runs the test
-    // (which computes at once: the host never sets FLAG_PAIR_DISPATCH for
-    // D = 64).
-    unsafe {
-        let go = pair::dispatch::<false>(&p);
-        wg::stage2::<false, 0>(&p, go)
-    }
-}
+row_entry!(
+    /// Persistent warpgroup-MMA stage-2 kernel for H = 64, D = 64, launched
+    /// alone (no paired kernel); the launch contract of `wg::stage2` with
+    /// `D = 64`, [`SMEM_D64`] bytes of dynamic shared memory and the D = 64
+    /// stage 1 (`indexer_score_grad_d64`) ahead of it.
+    ///
+    /// # Safety
+    /// As `wg::stage2` for D = 64.
+    indexer_bwd_wg_h64_d64
+);

@@ -21,32 +21,19 @@
 //! block.
 
 use super::*;
-use crate::abi::GradParams;
-use crate::ptx::sreg;
 
 /// Heads of the problem: two M = 64 tiles, one per half of the CTA.
 const Q_HEADS: u32 = 2 * HEADS;
 
 role_modules!();
 
-/// Persistent warpgroup-MMA stage-2 kernel for H = 128, D = 128: the
-/// launch contract of `wg::stage2` with `PAIRED` and H = 128 (`PAIR`'s
-/// threads and bytes, [`WgRow::grid`] with one CTA per SM over the rows,
-/// the D = 128 stage 1 ahead of it).
-///
-/// # Safety
-/// As `wg::stage2` for H = 128.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h128_d128(p: GradParams) {
-    // SAFETY: forwarded launch contract; the whole CTA runs the test
-    // (the row kernel's, which computes at once: the host never sets
-    // FLAG_PAIR_DISPATCH for H = 128) before the halves split.
-    unsafe {
-        let go = pair::dispatch::<false>(&p);
-        if sreg::thread_idx_x() < THREADS {
-            wg::stage2::<true, 0>(&p, go)
-        } else {
-            wg::stage2::<true, 1>(&p, go)
-        }
-    }
-}
+halves_entry!(
+    /// Persistent warpgroup-MMA stage-2 kernel for H = 128, D = 128: the
+    /// launch contract of `wg::stage2` with `PAIRED` and H = 128 (`PAIR`'s
+    /// threads and bytes, [`WgRow::grid`] with one CTA per SM over the rows,
+    /// the D = 128 stage 1 ahead of it).
+    ///
+    /// # Safety
+    /// As `wg::stage2` for H = 128.
+    indexer_bwd_wg_h128_d128
+);

@@ -11,15 +11,12 @@
 //! - the padded heads' weights are 0 in shared memory, so their S, dS and
 //!   d_weights partials are 0 and they add nothing to dK;
 //! - d_index_q is stored by the warps of real heads only (each warp holds
-//!   16 heads), d_weights for the 32 real heads;
-//! - no stage-1 chunk counts (`FLAG_ROW_CHUNKS` needs rows of 64 heads in
-//!   `d_weights`): every row runs all its chunks (`load::load_count`).
+//!   16 heads), d_weights for the 32 real heads.
 //!
 //! No paired kernel: the generic paired code is compiled here only where
 //! the row kernel's body names it under `PAIRED = false`.
 
 use super::*;
-use crate::abi::GradParams;
 
 /// Heads of the problem: the q tile's rows that hold data.
 const Q_HEADS: u32 = 32;
@@ -28,20 +25,13 @@ const _: () = assert!(Q_HEADS.is_multiple_of(16) && Q_HEADS < HEADS);
 
 role_modules!();
 
-/// Persistent warpgroup-MMA stage-2 kernel for H = 32, D = 128, launched
-/// alone (no paired kernel); the launch contract of `wg::stage2` with
-/// H = 32, [`SMEM`] bytes of dynamic shared memory, the D = 128 stage 1
-/// (`indexer_score_grad_d128`) ahead of it and `FLAG_ROW_CHUNKS` clear.
-///
-/// # Safety
-/// As `wg::stage2` for H = 32.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h32_d128(p: GradParams) {
-    // SAFETY: forwarded launch contract; the whole CTA runs the test
-    // (which computes at once: the host never sets FLAG_PAIR_DISPATCH for
-    // H < 64).
-    unsafe {
-        let go = pair::dispatch::<false>(&p);
-        wg::stage2::<false, 0>(&p, go)
-    }
-}
+row_entry!(
+    /// Persistent warpgroup-MMA stage-2 kernel for H = 32, D = 128, launched
+    /// alone (no paired kernel); the launch contract of `wg::stage2` with
+    /// H = 32, [`SMEM`] bytes of dynamic shared memory, the D = 128 stage 1
+    /// (`indexer_score_grad_d128`) ahead of it.
+    ///
+    /// # Safety
+    /// As `wg::stage2` for H = 32.
+    indexer_bwd_wg_h32_d128
+);

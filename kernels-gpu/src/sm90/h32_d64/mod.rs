@@ -6,7 +6,6 @@
 //! real heads read and stored).
 
 use super::*;
-use crate::abi::GradParams;
 
 d64_sizes!();
 
@@ -17,20 +16,13 @@ const _: () = assert!(Q_HEADS.is_multiple_of(16) && Q_HEADS < HEADS);
 
 role_modules!();
 
-/// Persistent warpgroup-MMA stage-2 kernel for H = 32, D = 64, launched
-/// alone (no paired kernel); the launch contract of `wg::stage2` with
-/// H = 32, D = 64, [`SMEM_D64`] bytes of dynamic shared memory and the
-/// D = 64 stage 1 (`indexer_score_grad_d64`) ahead of it.
-///
-/// # Safety
-/// As `wg::stage2` for H = 32, D = 64.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn indexer_bwd_wg_h32_d64(p: GradParams) {
-    // SAFETY: forwarded launch contract; the whole CTA runs the test
-    // (which computes at once: the host never sets FLAG_PAIR_DISPATCH for
-    // these shapes).
-    unsafe {
-        let go = pair::dispatch::<false>(&p);
-        wg::stage2::<false, 0>(&p, go)
-    }
-}
+row_entry!(
+    /// Persistent warpgroup-MMA stage-2 kernel for H = 32, D = 64, launched
+    /// alone (no paired kernel); the launch contract of `wg::stage2` with
+    /// H = 32, D = 64, [`SMEM_D64`] bytes of dynamic shared memory and the
+    /// D = 64 stage 1 (`indexer_score_grad_d64`) ahead of it.
+    ///
+    /// # Safety
+    /// As `wg::stage2` for H = 32, D = 64.
+    indexer_bwd_wg_h32_d64
+);
