@@ -166,6 +166,29 @@ pub(crate) struct Expected<'a> {
     pub ctx: &'a Arc<CudaContext>,
 }
 
+/// The element types of the two typed outputs against the options: an
+/// [`Error::Dtype`] naming the first that differs (`execute`, the raw
+/// entry and the dense plan all check them first).
+pub(crate) fn grad_dtypes(
+    opts: &Options,
+    d_weights: GradDtype,
+    d_index_k: GradDtype,
+) -> Result<()> {
+    for (tensor, expected, got) in [
+        ("d_weights", opts.d_weights, d_weights),
+        ("d_index_k", opts.d_index_k, d_index_k),
+    ] {
+        if expected != got {
+            return Err(Error::Dtype {
+                tensor,
+                expected: expected.name(),
+                actual: got.name(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Runs every check of `execute` on its arguments, in the order of the
 /// module docs, and returns their device addresses; an error leaves every
 /// buffer untouched.
@@ -184,18 +207,11 @@ pub(crate) fn check<'a, I: TopkId>(
             expected: ordinal,
         });
     }
-    for (tensor, expected, got) in [
-        ("d_weights", want.opts.d_weights, outputs.d_weights.dtype()),
-        ("d_index_k", want.opts.d_index_k, outputs.d_index_k.dtype()),
-    ] {
-        if expected != got {
-            return Err(Error::Dtype {
-                tensor,
-                expected: expected.name(),
-                actual: got.name(),
-            });
-        }
-    }
+    grad_dtypes(
+        want.opts,
+        outputs.d_weights.dtype(),
+        outputs.d_index_k.dtype(),
+    )?;
     let ws_needed = workspace_bytes(want.shape, want.opts);
     let held = collect(want, stream, inputs, outputs);
     let args = held.each_ref().map(|(a, _)| *a);

@@ -7,7 +7,7 @@ use crate::cpu::{self, HostGrad, HostInputs, HostOutputs};
 use crate::error::Result;
 use crate::plan::Plan;
 use crate::shape::{GradDtype, Options, Shape};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
 use std::sync::Arc;
 
@@ -39,6 +39,81 @@ impl GradVec {
             GradVec::F32(v) => v.iter().map(|&x| x as f64).collect(),
             GradVec::Bf16(v) => v.iter().map(|x| x.to_f64()).collect(),
         }
+    }
+}
+
+/// A gradient on the device in the options' element type (the GPU half
+/// of [`run`] and `dense::run`).
+pub(crate) enum DeviceGrad {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<bf16>),
+}
+
+impl DeviceGrad {
+    fn zeros(stream: &Arc<CudaStream>, dtype: GradDtype, n: usize) -> Result<DeviceGrad> {
+        Ok(match dtype {
+            GradDtype::F32 => DeviceGrad::F32(stream.alloc_zeros(n)?),
+            GradDtype::Bf16 => DeviceGrad::Bf16(stream.alloc_zeros(n)?),
+        })
+    }
+
+    /// The output view `execute` takes.
+    pub(crate) fn view_mut(&mut self) -> GradOut<'_> {
+        match self {
+            DeviceGrad::F32(v) => GradOut::F32(v.as_view_mut()),
+            DeviceGrad::Bf16(v) => GradOut::Bf16(v.as_view_mut()),
+        }
+    }
+
+    fn download(&self, stream: &Arc<CudaStream>) -> Result<GradVec> {
+        Ok(match self {
+            DeviceGrad::F32(v) => GradVec::F32(stream.clone_dtoh(v)?),
+            DeviceGrad::Bf16(v) => GradVec::Bf16(stream.clone_dtoh(v)?),
+        })
+    }
+}
+
+/// The device outputs of a one-shot GPU run besides grad_signal, and the
+/// workspace (sparse [`run`] and `dense::run`).
+pub(crate) struct DeviceOutputs {
+    pub dq: CudaSlice<bf16>,
+    pub dw: DeviceGrad,
+    pub dk: DeviceGrad,
+    pub ws: CudaSlice<u8>,
+}
+
+impl DeviceOutputs {
+    /// Zeroed outputs of `q_len`, `w_len`, `k_len` elements in `opts`'
+    /// types and a workspace of `ws_bytes` (at least 16).
+    pub(crate) fn new(
+        stream: &Arc<CudaStream>,
+        opts: &Options,
+        [q_len, w_len, k_len]: [usize; 3],
+        ws_bytes: usize,
+    ) -> Result<DeviceOutputs> {
+        Ok(DeviceOutputs {
+            dq: stream.alloc_zeros(q_len)?,
+            dw: DeviceGrad::zeros(stream, opts.d_weights, w_len)?,
+            dk: DeviceGrad::zeros(stream, opts.d_index_k, k_len)?,
+            ws: stream.alloc_zeros(ws_bytes.max(16))?,
+        })
+    }
+
+    /// Waits for `stream` and downloads the outputs, grad_signal from
+    /// `grad_signal`.
+    pub(crate) fn finish(
+        &self,
+        stream: &Arc<CudaStream>,
+        grad_signal: &CudaSlice<f32>,
+    ) -> Result<HostResult> {
+        stream.synchronize()?;
+        Ok(HostResult {
+            grad_signal: stream.clone_dtoh(grad_signal)?,
+            d_index_q: stream.clone_dtoh(&self.dq)?,
+            d_weights: self.dw.download(stream)?,
+            d_index_k: self.dk.download(stream)?,
+            backend: "gpu",
+        })
     }
 }
 
@@ -123,17 +198,10 @@ fn run_gpu<I: TopkId>(
     let ids = stream.clone_htod(x.topk_indices)?;
     let gl = stream.clone_htod(&[x.grad_loss])?;
     let mut attn = stream.clone_htod(x.attn_score)?;
-    let mut dq = stream.alloc_zeros::<bf16>(shape.q_len())?;
-    let mut ws = stream.alloc_zeros::<u8>(plan.workspace_bytes().max(16))?;
-    let (mut dw32, mut dw16) = (
-        stream.alloc_zeros::<f32>(shape.w_len())?,
-        stream.alloc_zeros::<bf16>(shape.w_len())?,
-    );
-    let (mut dk32, mut dk16) = (
-        stream.alloc_zeros::<f32>(shape.k_len())?,
-        stream.alloc_zeros::<bf16>(shape.k_len())?,
-    );
+    let lens = [shape.q_len(), shape.w_len(), shape.k_len()];
+    let mut out = DeviceOutputs::new(stream, opts, lens, plan.workspace_bytes())?;
     {
+        let DeviceOutputs { dq, dw, dk, ws } = &mut out;
         let inputs = Inputs {
             index_q: q.as_view(),
             weights: w.as_view(),
@@ -145,30 +213,11 @@ fn run_gpu<I: TopkId>(
         let mut outputs = Outputs {
             attn_score: attn.as_view_mut(),
             d_index_q: dq.as_view_mut(),
-            d_weights: match opts.d_weights {
-                GradDtype::F32 => GradOut::F32(dw32.as_view_mut()),
-                GradDtype::Bf16 => GradOut::Bf16(dw16.as_view_mut()),
-            },
-            d_index_k: match opts.d_index_k {
-                GradDtype::F32 => GradOut::F32(dk32.as_view_mut()),
-                GradDtype::Bf16 => GradOut::Bf16(dk16.as_view_mut()),
-            },
+            d_weights: dw.view_mut(),
+            d_index_k: dk.view_mut(),
             workspace: Some(ws.as_view_mut()),
         };
         plan.execute(stream, &inputs, &mut outputs, x.loss_coeff)?;
     }
-    stream.synchronize()?;
-    Ok(HostResult {
-        grad_signal: stream.clone_dtoh(&attn)?,
-        d_index_q: stream.clone_dtoh(&dq)?,
-        d_weights: match opts.d_weights {
-            GradDtype::F32 => GradVec::F32(stream.clone_dtoh(&dw32)?),
-            GradDtype::Bf16 => GradVec::Bf16(stream.clone_dtoh(&dw16)?),
-        },
-        d_index_k: match opts.d_index_k {
-            GradDtype::F32 => GradVec::F32(stream.clone_dtoh(&dk32)?),
-            GradDtype::Bf16 => GradVec::Bf16(stream.clone_dtoh(&dk16)?),
-        },
-        backend: "gpu",
-    })
+    out.finish(stream, &attn)
 }

@@ -97,18 +97,7 @@ impl Plan {
         // SAFETY: `stream` is valid by the caller's promise.
         unsafe { check_stream(ctx, stream)? };
         let opts = self.options();
-        for (tensor, expected, got) in [
-            ("d_weights", opts.d_weights, bufs.d_weights_dtype),
-            ("d_index_k", opts.d_index_k, bufs.d_index_k_dtype),
-        ] {
-            if expected != got {
-                return Err(Error::Dtype {
-                    tensor,
-                    expected: expected.name(),
-                    actual: got.name(),
-                });
-            }
-        }
+        args::grad_dtypes(opts, bufs.d_weights_dtype, bufs.d_index_k_dtype)?;
         let ws_needed = self.workspace_bytes();
         let list = raw_args(self.shape(), opts, bufs, ctx.cu_ctx());
         let ordinal = ctx.ordinal();

@@ -977,11 +977,28 @@ pub fn compare_with_reference(p: &Problem, out: &GpuOut, floors: Floors) -> Resu
         .map_err(|e| e.to_string())?;
     let e = gpu_errors(out, &r);
     let e32 = f32_ref_errors(&f, &r, &p.opts);
-    let tol = tolerances(&p.opts);
     let ctx = format!(
         "shape {:?} opts {:?}: gpu {e:?} f32-ref {e32:?}",
         p.shape, p.opts
     );
+    within_bounds(&e, &e32, &tolerances(&p.opts), floors, &ctx)?;
+    if !same_bits(&out.index_score_after, &p.score) {
+        return Err(format!("index_score changed; {ctx}"));
+    }
+    Ok(e)
+}
+
+/// The bounds of [`compare_with_reference`] (and of dense mode's
+/// comparison): each output's error finite, within SPEC's tolerance `tol`,
+/// and at most 2x the f32/bf16-dS reference's error `e32` (or 2x its
+/// floor); `ctx` describes the case in the message.
+pub fn within_bounds(
+    e: &Errors,
+    e32: &Errors,
+    tol: &Errors,
+    floors: Floors,
+    ctx: &str,
+) -> Result<(), String> {
     let pairs = [
         (
             "grad_signal",
@@ -1006,10 +1023,7 @@ pub fn compare_with_reference(p: &Problem, out: &GpuOut, floors: Floors) -> Resu
             ));
         }
     }
-    if !same_bits(&out.index_score_after, &p.score) {
-        return Err(format!("index_score changed; {ctx}"));
-    }
-    Ok(e)
+    Ok(())
 }
 
 /// Element types [`same_bits`] compares bit for bit.

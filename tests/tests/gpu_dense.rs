@@ -283,18 +283,12 @@ fn dense_run_takes_the_gpu_when_allowed() {
         return;
     }
     assert_eq!(r.backend, "gpu");
-    let widen = |v: &dsa_indexer_bwd::oneshot::GradVec| -> Vec<f64> {
-        match v {
-            dsa_indexer_bwd::oneshot::GradVec::F32(x) => x.iter().map(|&y| y as f64).collect(),
-            dsa_indexer_bwd::oneshot::GradVec::Bf16(x) => x.iter().map(|y| y.to_f64()).collect(),
-        }
-    };
     let out = indexer_tests::GpuOut {
         grad_signal: r.grad_signal.clone(),
         index_score_after: p.attn.clone(),
         d_index_q: r.d_index_q.clone(),
-        d_weights: widen(&r.d_weights),
-        d_index_k: widen(&r.d_index_k),
+        d_weights: r.d_weights.to_f64(),
+        d_index_k: r.d_index_k.to_f64(),
         d_weights_bits: vec![],
     };
     let e = compare_dense(&p, &out, CONTINUOUS_FLOORS).unwrap_or_else(|e| panic!("{e}"));

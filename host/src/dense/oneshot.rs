@@ -4,11 +4,10 @@
 use super::cpu::{self, HostInputs, HostOutputs};
 use super::plan::{Inputs, Outputs, Plan};
 use super::shape::Shape;
-use crate::args::GradOut;
 use crate::cpu::{try_vec, Progress};
 use crate::error::Result;
-use crate::oneshot::{GradVec, HostResult};
-use crate::shape::{GradDtype, Options};
+use crate::oneshot::{DeviceOutputs, GradVec, HostResult};
+use crate::shape::Options;
 use cudarc::driver::{CudaContext, CudaStream};
 use half::bf16;
 use std::sync::Arc;
@@ -76,17 +75,10 @@ fn run_gpu(plan: &Plan, stream: &Arc<CudaStream>, x: &HostInputs<'_>) -> Result<
     let lse = stream.clone_htod(x.index_lse)?;
     let gl = stream.clone_htod(&[x.grad_loss])?;
     let mut score = stream.clone_htod(x.index_score)?;
-    let mut dq = stream.alloc_zeros::<bf16>(shape.q_len())?;
-    let mut ws = stream.alloc_zeros::<u8>(plan.workspace_bytes().max(16))?;
-    let (mut dw32, mut dw16) = (
-        stream.alloc_zeros::<f32>(shape.w_len())?,
-        stream.alloc_zeros::<bf16>(shape.w_len())?,
-    );
-    let (mut dk32, mut dk16) = (
-        stream.alloc_zeros::<f32>(shape.k_len())?,
-        stream.alloc_zeros::<bf16>(shape.k_len())?,
-    );
+    let lens = [shape.q_len(), shape.w_len(), shape.k_len()];
+    let mut out = DeviceOutputs::new(stream, opts, lens, plan.workspace_bytes())?;
     {
+        let DeviceOutputs { dq, dw, dk, ws } = &mut out;
         let inputs = Inputs {
             index_q: q.as_view(),
             weights: w.as_view(),
@@ -99,30 +91,11 @@ fn run_gpu(plan: &Plan, stream: &Arc<CudaStream>, x: &HostInputs<'_>) -> Result<
         let mut outputs = Outputs {
             index_score: score.as_view_mut(),
             d_index_q: dq.as_view_mut(),
-            d_weights: match opts.d_weights {
-                GradDtype::F32 => GradOut::F32(dw32.as_view_mut()),
-                GradDtype::Bf16 => GradOut::Bf16(dw16.as_view_mut()),
-            },
-            d_index_k: match opts.d_index_k {
-                GradDtype::F32 => GradOut::F32(dk32.as_view_mut()),
-                GradDtype::Bf16 => GradOut::Bf16(dk16.as_view_mut()),
-            },
+            d_weights: dw.view_mut(),
+            d_index_k: dk.view_mut(),
             workspace: Some(ws.as_view_mut()),
         };
         plan.execute(stream, &inputs, &mut outputs, x.loss_coeff)?;
     }
-    stream.synchronize()?;
-    Ok(HostResult {
-        grad_signal: stream.clone_dtoh(&score)?,
-        d_index_q: stream.clone_dtoh(&dq)?,
-        d_weights: match opts.d_weights {
-            GradDtype::F32 => GradVec::F32(stream.clone_dtoh(&dw32)?),
-            GradDtype::Bf16 => GradVec::Bf16(stream.clone_dtoh(&dw16)?),
-        },
-        d_index_k: match opts.d_index_k {
-            GradDtype::F32 => GradVec::F32(stream.clone_dtoh(&dk32)?),
-            GradDtype::Bf16 => GradVec::Bf16(stream.clone_dtoh(&dk16)?),
-        },
-        backend: "gpu",
-    })
+    out.finish(stream, &score)
 }

@@ -158,18 +158,11 @@ impl Plan {
                 expected: ordinal,
             });
         }
-        for (tensor, expected, got) in [
-            ("d_weights", self.opts.d_weights, outputs.d_weights.dtype()),
-            ("d_index_k", self.opts.d_index_k, outputs.d_index_k.dtype()),
-        ] {
-            if expected != got {
-                return Err(Error::Dtype {
-                    tensor,
-                    expected: expected.name(),
-                    actual: got.name(),
-                });
-            }
-        }
+        args::grad_dtypes(
+            &self.opts,
+            outputs.d_weights.dtype(),
+            outputs.d_index_k.dtype(),
+        )?;
         let (s, ctx) = (&self.shape, self.ctx.cu_ctx());
         let (score, rows) = (s.score_len(), s.rows());
         let dk = dk_align(self.opts.d_index_k);
