@@ -55,39 +55,126 @@ pub struct IdStats {
     /// sampled pairs mostly match; ragged ids in key order gave 1, random
     /// slot order gives about 0).
     pub pair_aligned: f64,
+    /// Share of all valid slots that the paired kernel reduces together
+    /// with its partner: slots of row `2p + 1` of the flattened `B * S_q`
+    /// rows (the pairs the kernel takes, across a batch boundary when
+    /// `S_q` is odd) whose key row is the one in the same slot of row
+    /// `2p`. Each such slot saves one dK row reduction when the paired
+    /// kernel computes ([`IdStats::reductions_per_slot`]); at most 1/2.
+    pub pair_shared: f64,
+    /// Selections per union key of groups of 4 adjacent query rows: valid
+    /// slots over the sum, over the groups, of the distinct key rows named
+    /// by the group's valid slots. Row `i` of a batch is in group `i / 4`
+    /// of that batch (the last group of a batch may be shorter; groups
+    /// never span two batches). At least 1 (no key shared inside a
+    /// group), at most 4 (every row of a group selects the same keys): the
+    /// factor by which a kernel that summed a group's slots per distinct
+    /// key before reducing would cut the dK row reductions of one
+    /// reduction per slot (NaN without valid slots).
+    pub union4: f64,
+    /// As [`IdStats::union4`] with groups of 8 adjacent rows (at most 8).
+    pub union8: f64,
+}
+
+/// Key rows marked with a generation stamp: counts the distinct key rows
+/// of each group of slots without clearing anything between groups.
+struct Marks {
+    /// The generation that last marked each key row (0: none).
+    stamp: Vec<u32>,
+    /// The current group's generation.
+    gen: u32,
+    /// Distinct key rows summed over the groups so far.
+    distinct: usize,
+}
+
+impl Marks {
+    /// Marks for `keys` key rows, the first group open.
+    fn new(keys: usize) -> Marks {
+        Marks {
+            stamp: vec![0; keys],
+            gen: 1,
+            distinct: 0,
+        }
+    }
+
+    /// Closes the current group and opens the next.
+    fn next_group(&mut self) {
+        if self.gen == u32::MAX {
+            self.stamp.fill(0);
+            self.gen = 0;
+        }
+        self.gen += 1;
+    }
+
+    /// Counts key row `n` unless the current group already named it.
+    fn mark(&mut self, n: usize) {
+        if self.stamp[n] != self.gen {
+            self.stamp[n] = self.gen;
+            self.distinct += 1;
+        }
+    }
+}
+
+/// `num / den`, or 0 when `den` is 0.
+fn share(num: usize, den: usize) -> f64 {
+    if den == 0 {
+        0.0
+    } else {
+        num as f64 / den as f64
+    }
 }
 
 impl IdStats {
-    /// Counts `ids` of `shape` under `opts`' convention.
+    /// Counts `ids` of `shape` under `opts`' convention (padding and ids
+    /// outside the key range are not slots). One pass over the ids.
     pub fn count(shape: &Shape, opts: &Options, ids: &[i32]) -> IdStats {
         let topk = shape.topk;
-        let mut seen = vec![false; shape.batch * shape.seq_k];
-        let (mut valid, mut distinct) = (0usize, 0usize);
-        let (mut odd_valid, mut aligned) = (0usize, 0usize);
+        let keys = shape.batch * shape.seq_k;
+        // All slots one group; groups of 4 and of 8 rows of a batch.
+        let (mut all, mut by4, mut by8) = (Marks::new(keys), Marks::new(keys), Marks::new(keys));
+        // Key rows of this row's and the previous flattened row's slots.
+        let (mut row, mut prev) = (vec![None; topk], vec![None; topk]);
+        let mut valid = 0usize;
+        let (mut odd_valid, mut aligned, mut shared) = (0usize, 0usize, 0usize);
         for r in 0..shape.rows() {
-            let b = r / shape.seq_q;
-            let pair = r % shape.seq_q % 2 == 1;
-            for t in 0..topk {
-                let Some(n) = opts.resolve(shape, b, ids[r * topk + t]) else {
+            let (b, i) = (r / shape.seq_q, r % shape.seq_q);
+            if r > 0 && i % 4 == 0 {
+                by4.next_group();
+            }
+            if r > 0 && i % 8 == 0 {
+                by8.next_group();
+            }
+            for (t, key) in row.iter_mut().enumerate() {
+                *key = opts.resolve(shape, b, ids[r * topk + t]);
+            }
+            for (&key, &before) in row.iter().zip(&prev) {
+                let Some(n) = key else {
                     continue;
                 };
                 valid += 1;
-                distinct += !std::mem::replace(&mut seen[n], true) as usize;
-                if pair {
+                all.mark(n);
+                by4.mark(n);
+                by8.mark(n);
+                let same = before == Some(n);
+                // Row i - 1 of the same batch; flattened pair (r - 1, r).
+                if i % 2 == 1 {
                     odd_valid += 1;
-                    let before = opts.resolve(shape, b, ids[(r - 1) * topk + t]);
-                    aligned += (before == Some(n)) as usize;
+                    aligned += same as usize;
+                }
+                if r % 2 == 1 {
+                    shared += same as usize;
                 }
             }
+            std::mem::swap(&mut row, &mut prev);
         }
+        let per = |m: &Marks| valid as f64 / m.distinct as f64;
         IdStats {
             valid_slots: valid as f64,
-            distinct_keys: distinct as f64,
-            pair_aligned: if odd_valid == 0 {
-                0.0
-            } else {
-                aligned as f64 / odd_valid as f64
-            },
+            distinct_keys: all.distinct as f64,
+            pair_aligned: share(aligned, odd_valid),
+            pair_shared: share(shared, valid),
+            union4: per(&by4),
+            union8: per(&by8),
         }
     }
 
@@ -99,12 +186,45 @@ impl IdStats {
         self.valid_slots / self.distinct_keys
     }
 
+    /// dK row reductions the crate issues per valid slot: 1 on every
+    /// kernel (one `D`-wide f32 reduction per valid slot), except the
+    /// paired kernel, which reduces a slot whose key row is the same in
+    /// both rows of its pair once for both: `1 - pair_shared`.
+    ///
+    /// `paired`: whether the paired kernel computes the point
+    /// ([`paired_kernel_computes`]); when it does not, 1 whatever the ids.
+    pub fn reductions_per_slot(&self, paired: bool) -> f64 {
+        if paired {
+            1.0 - self.pair_shared
+        } else {
+            1.0
+        }
+    }
+
     /// Unknown (older JSON).
     pub const UNKNOWN: IdStats = IdStats {
         valid_slots: f64::NAN,
         distinct_keys: f64::NAN,
         pair_aligned: f64::NAN,
+        pair_shared: f64::NAN,
+        union4: f64::NAN,
+        union8: f64::NAN,
     };
+}
+
+/// Whether the paired kernel computes a plan's `execute` on `ids` (i32,
+/// `B * S_q x topk`, row major) of `shape`: the plan launches it
+/// (`kernels`, [`dsa_indexer_bwd::Plan::kernels`], names
+/// `kernels_gpu::sm90::WG_PAIR_KERNEL`: the Hopper fast path with H = 64,
+/// D = 128, topk > 64 and an even row count) and the dispatch test that
+/// every CTA runs on the device picks it, replicated on the host by
+/// `kernels_gpu::sm90::ids_pair_up` (raw ids of sampled row pairs, so the
+/// same verdict under either id convention). Exact for i32 ids (the
+/// bench's); for i64 ids, exact when their values fit in i32.
+pub fn paired_kernel_computes(kernels: &[&str], shape: &Shape, ids: &[i32]) -> bool {
+    use kernels_gpu::sm90;
+    kernels.contains(&sm90::WG_PAIR_KERNEL)
+        && sm90::ids_pair_up(ids, shape.rows() as u32, shape.topk as u32)
 }
 
 /// The workload of the SPEC's headline points (B = 1).
@@ -146,6 +266,9 @@ pub struct Point {
     pub traffic_us: f64,
     /// The ids' counts.
     pub stats: IdStats,
+    /// dK row reductions issued per valid slot by the kernel that computed
+    /// the point ([`IdStats::reductions_per_slot`]; NaN in older JSON).
+    pub reductions_per_slot: f64,
 }
 
 /// `x` with `digits` decimals, or "-" when NaN.
@@ -166,8 +289,9 @@ fn ids_name(v: &serde_json::Value) -> &'static str {
 
 /// The markdown table of `points` and the ceilings line. "dK GB/s" is
 /// valid slots x D x 4 bytes over the median time (the f32 dK traffic the
-/// reductions carry); "valid slots", "slots/key" and "pair-aligned" are
-/// [`IdStats`].
+/// reductions carry); "valid slots", "slots/key", "pair-aligned" and
+/// "sel/union key R=4" / "R=8" ([`IdStats::union4`], [`IdStats::union8`])
+/// are [`IdStats`]; "reductions/slot" is [`Point::reductions_per_slot`].
 pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     let mut s = String::new();
     let mut shapes: Vec<(usize, usize)> = points
@@ -181,15 +305,15 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
         [_] => String::new(),
         _ => format!(" H{} D{}", p.workload.heads, p.workload.dim),
     };
-    let _ = writeln!(s, "| topk | ids | S_q x S_k | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us | valid slots (M) | slots/key | pair-aligned |");
+    let _ = writeln!(s, "| topk | ids | S_q x S_k | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us | valid slots (M) | slots/key | pair-aligned | sel/union key R=4 | R=8 | reductions/slot |");
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {} | {}x{}{} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} | {} | {} | {} |",
+            "| {} | {} | {}x{}{} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} | {} | {} | {} | {} | {} | {} |",
             p.topk,
             p.ids,
             p.workload.seq_q,
@@ -210,7 +334,10 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
             or_dash(p.traffic_us, 0),
             or_dash(p.stats.valid_slots / 1e6, 2),
             or_dash(p.stats.slots_per_key(), 1),
-            or_dash(p.stats.pair_aligned, 2)
+            or_dash(p.stats.pair_aligned, 2),
+            or_dash(p.stats.union4, 2),
+            or_dash(p.stats.union8, 2),
+            or_dash(p.reductions_per_slot, 3)
         );
     }
     if let [(h, d)] = shapes[..] {
@@ -371,10 +498,12 @@ pub fn ceilings_json(gpu: &str, c: &Ceilings) -> String {
 
 /// JSON line of one point. Since the long-context points it also carries
 /// the workload (`seq_q`, `seq_k`, `heads`, `dim`) and [`IdStats`]
-/// (`valid_slots`, `distinct_keys`, `slots_per_key`, `pair_aligned`).
+/// (`valid_slots`, `distinct_keys`, `slots_per_key`, `pair_aligned`);
+/// later also `pair_shared`, `union4`, `union8` and
+/// `reductions_per_slot`.
 pub fn point_json(p: &Point) -> String {
     format!(
-        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"seq_q\":{},\"seq_k\":{},\"heads\":{},\"dim\":{},\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\",\"traffic_us\":{},\"valid_slots\":{},\"distinct_keys\":{},\"slots_per_key\":{},\"pair_aligned\":{}}}",
+        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"seq_q\":{},\"seq_k\":{},\"heads\":{},\"dim\":{},\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\",\"traffic_us\":{},\"valid_slots\":{},\"distinct_keys\":{},\"slots_per_key\":{},\"pair_aligned\":{},\"pair_shared\":{},\"union4\":{},\"union8\":{},\"reductions_per_slot\":{}}}",
         p.topk,
         p.ids,
         p.workload.seq_q,
@@ -396,7 +525,11 @@ pub fn point_json(p: &Point) -> String {
         json_num(p.stats.valid_slots, 0),
         json_num(p.stats.distinct_keys, 0),
         json_num(p.stats.slots_per_key(), 3),
-        json_num(p.stats.pair_aligned, 4)
+        json_num(p.stats.pair_aligned, 4),
+        json_num(p.stats.pair_shared, 4),
+        json_num(p.stats.union4, 4),
+        json_num(p.stats.union8, 4),
+        json_num(p.reductions_per_slot, 4)
     )
 }
 
@@ -485,7 +618,11 @@ pub fn parse_json_lines(text: &str) -> Result<(String, Ceilings, Vec<Point>), St
                         valid_slots: opt(&v, "valid_slots"),
                         distinct_keys: opt(&v, "distinct_keys"),
                         pair_aligned: opt(&v, "pair_aligned"),
+                        pair_shared: opt(&v, "pair_shared"),
+                        union4: opt(&v, "union4"),
+                        union8: opt(&v, "union8"),
                     },
+                    reductions_per_slot: opt(&v, "reductions_per_slot"),
                 });
             }
             _ => {}

@@ -3,8 +3,8 @@
 
 use dsa_indexer_bwd::{GradDtype, KeyIds, Options, StageTimes};
 use indexer_tests::report::{
-    ceilings_json, markdown, parse_json_lines, plot, point_json, Ceilings, IdStats, Point,
-    Workload, HEADLINE,
+    ceilings_json, markdown, paired_kernel_computes, parse_json_lines, plot, point_json, Ceilings,
+    IdStats, Point, Workload, HEADLINE,
 };
 use indexer_tests::shape;
 
@@ -32,7 +32,11 @@ fn point(topk: usize, ids: &'static str, dk: GradDtype, us: f64) -> Point {
             valid_slots: (8192 * topk) as f64,
             distinct_keys: 4096.0,
             pair_aligned: 0.0,
+            pair_shared: 0.0,
+            union4: 2.5,
+            union8: 3.75,
         },
+        reductions_per_slot: 1.0,
     }
 }
 
@@ -70,6 +74,9 @@ fn markdown_and_svg_render() {
         valid_slots: 4096.0 * 2048.0,
         distinct_keys: 65536.0,
         pair_aligned: 0.0,
+        pair_shared: 0.0,
+        union4: 1.25,
+        union8: 1.5,
     };
     pts.push(long);
     let c = ceilings();
@@ -86,8 +93,17 @@ fn markdown_and_svg_render() {
         md.contains("| 2048 | topk | 4096x131072 | f32 | 9000 |"),
         "{md}"
     );
-    // 8.39 M valid slots over 65536 keys: 128 slots per key.
-    assert!(md.contains("| 8.39 | 128.0 | 0.00 |"), "{md}");
+    // 8.39 M valid slots over 65536 keys: 128 slots per key; then the
+    // union sharing of groups of 4 and 8 rows and reductions per slot.
+    assert!(
+        md.contains("| 8.39 | 128.0 | 0.00 | 1.25 | 1.50 | 1.000 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| sel/union key R=4 | R=8 | reductions/slot |"),
+        "{md}"
+    );
+    assert!(md.contains("| 0.00 | 2.50 | 3.75 | 1.000 |"), "{md}");
     assert!(md.contains("B = 1, H = 64, D = 128."), "{md}");
     // Two heads x head dimensions in one run: each row names its shape.
     let mut h128 = point(512, "uniform", GradDtype::F32, 1500.0);
@@ -130,6 +146,8 @@ fn json_lines_round_trip_with_the_new_fields() {
         seq_k: 32768,
         ..HEADLINE
     };
+    p.stats.pair_shared = 0.25;
+    p.reductions_per_slot = 0.75;
     let text = format!("{}\nnot json\n{}\n", ceilings_json("g", &c), point_json(&p));
     let (gpu, c2, pts) = parse_json_lines(&text).unwrap();
     assert_eq!(gpu, "g");
@@ -141,14 +159,23 @@ fn json_lines_round_trip_with_the_new_fields() {
         (512, "topk", p.workload, GradDtype::Bf16)
     );
     assert_eq!(q.stats, p.stats);
+    assert_eq!(q.reductions_per_slot, 0.75);
     assert_eq!(q.median_us, 777.0);
     // Not-finite numbers are written as null and read back as NaN.
     p.traffic_us = f64::NAN;
     p.stats = IdStats::UNKNOWN;
+    p.reductions_per_slot = f64::NAN;
     let line = point_json(&p);
     assert!(line.contains("\"traffic_us\":null"), "{line}");
+    assert!(
+        line.contains("\"union8\":null,\"reductions_per_slot\":null}"),
+        "{line}"
+    );
     let (_, _, pts) = parse_json_lines(&format!("{}\n{line}\n", ceilings_json("g", &c))).unwrap();
     assert!(pts[0].traffic_us.is_nan() && pts[0].stats.valid_slots.is_nan());
+    assert!(pts[0].stats.union4.is_nan() && pts[0].reductions_per_slot.is_nan());
+    let md = markdown(&pts, "g", &c);
+    assert!(md.contains("| - | - | - | - | - | - |"), "{md}");
 }
 
 /// Every bench run in docs/runs still renders: the headline shape (runs
@@ -177,6 +204,12 @@ fn earlier_runs_still_parse_and_render() {
             if !pts.iter().any(|q| q.ids == "topk") && !name.contains("-shapes") {
                 assert_eq!(p.workload, HEADLINE, "{}", path.display());
             }
+        }
+        // Runs before the union sharing was counted: unknown, not 0.
+        if !text.contains("\"union4\"") {
+            assert!(pts.iter().all(|p| p.stats.union4.is_nan()
+                && p.stats.union8.is_nan()
+                && p.reductions_per_slot.is_nan()));
         }
         let md = markdown(&pts, &gpu, &c);
         assert_eq!(
@@ -214,4 +247,124 @@ fn id_stats_count_valid_distinct_and_aligned_slots() {
     // As global ids, 4 is a valid key (of batch 1).
     let st = IdStats::count(&s, &Options::default(), &ids);
     assert_eq!(st.valid_slots, 10.0);
+}
+
+/// `IdStats::count` of `ids` with local (`true`) or global key ids.
+fn count(s: &dsa_indexer_bwd::Shape, local: bool, ids: &[i32]) -> IdStats {
+    let opts = Options {
+        key_ids: if local { KeyIds::Local } else { KeyIds::Global },
+        ..Options::default()
+    };
+    IdStats::count(s, &opts, ids)
+}
+
+/// Union sharing of groups of 4 and 8 adjacent rows on ids where it is
+/// known exactly.
+#[test]
+fn union_sharing_counts_each_groups_distinct_keys() {
+    // 8 identical rows: every key of a group of R rows selected R times.
+    let s = shape(1, 8, 16, 1, 8, 3);
+    let same: Vec<i32> = (0..8).flat_map(|_| [0, 1, 2]).collect();
+    let st = count(&s, false, &same);
+    assert_eq!((st.union4, st.union8), (4.0, 8.0), "{st:?}");
+    // Disjoint rows: one selection per union key.
+    let s = shape(1, 8, 32, 1, 8, 4);
+    let disjoint: Vec<i32> = (0..32).collect();
+    let st = count(&s, false, &disjoint);
+    assert_eq!((st.union4, st.union8), (1.0, 1.0), "{st:?}");
+    // S_q = 6: groups of 4 rows are rows 0-3 and the short 4-5 (two keys
+    // each: 12 slots over 4 union keys); one group of 8 (12 over 2).
+    let s = shape(1, 6, 8, 1, 8, 2);
+    let st = count(&s, true, &[0, 1].repeat(6));
+    assert_eq!((st.union4, st.union8), (3.0, 6.0), "{st:?}");
+    // Padding and ids outside the key range are not slots: row 0 holds
+    // one valid slot, rows 1-3 two (key 9 of S_k = 8 is outside).
+    let s = shape(1, 4, 8, 1, 8, 3);
+    #[rustfmt::skip]
+    let ids = [
+        -1, 9, 0,
+        0, 1, -1,
+        1, 0, 9,
+        -5, 0, 1,
+    ];
+    let st = count(&s, false, &ids);
+    assert_eq!(st.valid_slots, 7.0);
+    assert_eq!((st.union4, st.union8), (3.5, 3.5), "{st:?}");
+}
+
+/// Groups never span two batches, and the key-id convention decides
+/// which key row (if any) a slot names.
+#[test]
+fn union_groups_stay_in_their_batch_under_both_conventions() {
+    // B = 2, S_q = 3 (global ids): batch 0 selects keys {0, 1}, batch 1
+    // keys {2, 3}. Per batch: one group each, 2 + 2 union keys for 12
+    // slots; groups of the flattened rows (0-3, 4-5) would give 4 + 2.
+    let s = shape(2, 3, 4, 1, 8, 2);
+    let ids = [[0, 1].repeat(3), [2, 3].repeat(3)].concat();
+    let st = count(&s, false, &ids);
+    assert_eq!((st.union4, st.union8), (3.0, 3.0), "{st:?}");
+    // The same ids in both batches as global ids name the same key rows,
+    // yet each batch counts its own union: 12 / (2 + 2) (one group of the
+    // flattened rows would give 12 / 2 at R = 8).
+    let st = count(&s, false, &[0, 1].repeat(6));
+    assert_eq!(
+        (st.union4, st.union8, st.distinct_keys),
+        (3.0, 3.0, 2.0),
+        "{st:?}"
+    );
+    // B = 2, S_q = 2, S_k = 4, topk = 2. Local ids: 5 is outside every
+    // batch; batch 0 keys {0}, {0} (union 1), batch 1 keys {4}, {5}
+    // (union 2): 4 slots over 3. Global ids: all valid (< 8); batch 0
+    // {0, 5} twice (union 2), batch 1 {0, 5}, {1, 5} (union 3): 8 over 5.
+    let s = shape(2, 2, 4, 1, 8, 2);
+    let ids = [0, 5, 0, 5, 0, 5, 1, 5];
+    let local = count(&s, true, &ids);
+    assert_eq!(local.valid_slots, 4.0);
+    assert!((local.union4 - 4.0 / 3.0).abs() < 1e-12, "{local:?}");
+    assert_eq!(local.union8, local.union4);
+    let global = count(&s, false, &ids);
+    assert_eq!((global.union4, global.union8), (1.6, 1.6), "{global:?}");
+}
+
+/// The slots the paired kernel reduces once for both rows of a pair, and
+/// the reductions per slot with and without it.
+#[test]
+fn reductions_per_slot_halve_only_shared_slots_of_the_paired_kernel() {
+    // Pairs (0, 1): slot 0 shared; (2, 3): both slots. Within-batch
+    // alignment over odd rows: 3 of 4; over all valid slots: 3 of 8.
+    let s = shape(1, 4, 8, 1, 8, 2);
+    let st = count(&s, false, &[0, 1, 0, 2, 3, 4, 3, 4]);
+    assert_eq!((st.pair_aligned, st.pair_shared), (0.75, 0.375), "{st:?}");
+    assert_eq!(st.reductions_per_slot(true), 0.625);
+    assert_eq!(st.reductions_per_slot(false), 1.0);
+    // S_q = 3, B = 2: the kernel pairs flattened rows (0, 1), (2, 3),
+    // (4, 5), across the batch boundary; within a batch nothing aligns.
+    let s = shape(2, 3, 8, 1, 8, 1);
+    let st = count(&s, false, &[0, 1, 2, 2, 5, 5]);
+    assert_eq!(st.pair_aligned, 0.0, "{st:?}");
+    assert!((st.pair_shared - 2.0 / 6.0).abs() < 1e-12, "{st:?}");
+    // Whether the paired kernel computes: launched by the plan and picked
+    // by the dispatch test on sampled pairs (H = 64, D = 128, topk > 64).
+    use kernels_gpu::sm90::{WG_KERNEL, WG_PAIR_KERNEL};
+    let (rows, topk) = (32usize, 128usize);
+    let s = shape(1, rows, 4096, 64, 128, topk);
+    // Rows 2p and 2p + 1 identical, slot for slot: every odd row's slot
+    // shared, half of all reductions saved.
+    let twins: Vec<i32> = (0..rows * topk)
+        .map(|i| ((i / (2 * topk)) * 3 + i % topk) as i32)
+        .collect();
+    let launched = [WG_PAIR_KERNEL, WG_KERNEL];
+    assert!(paired_kernel_computes(&launched, &s, &twins));
+    assert!(!paired_kernel_computes(&[WG_KERNEL], &s, &twins));
+    let st = count(&s, false, &twins);
+    assert_eq!(st.pair_shared, 0.5);
+    assert_eq!(st.reductions_per_slot(true), 0.5);
+    // Each row's ids shifted by one slot from its partner's: no sampled
+    // slot matches, the row kernel computes, one reduction per slot.
+    let shifted: Vec<i32> = (0..rows * topk)
+        .map(|i| ((i / topk) + i % topk) as i32)
+        .collect();
+    assert!(!paired_kernel_computes(&launched, &s, &shifted));
+    let st = count(&s, false, &shifted);
+    assert_eq!(st.pair_shared, 0.0);
 }

@@ -14,7 +14,9 @@
 //! Besides time, each point reports what its ids ask of the dK reduction
 //! (`report::IdStats`): valid slots, distinct key rows they name, valid
 //! slots per distinct key row, the share of slot-aligned equal pairs of
-//! rows, and dK GB/s = valid slots x D x 4 bytes / median time.
+//! rows, the selections per distinct key of the union of groups of 4 and
+//! of 8 adjacent rows, the dK row reductions the computing kernel issues
+//! per valid slot, and dK GB/s = valid slots x D x 4 bytes / median time.
 //!
 //! ```text
 //! indexer-bench [--seq-q 8192] [--seq-k 4096] [--heads 64] [--dim 128]
@@ -54,8 +56,8 @@ use dsa_indexer_bwd::{
 use indexer_tests::dense::{DenseDevice, DenseProblem};
 use indexer_tests::io::{check_ids, read_case, serialize_outputs, OutFile, Res};
 use indexer_tests::report::{
-    ceilings_json, dk_name, json_num, markdown, parse_json_lines, plot, point_json, Ceilings,
-    IdStats, Point, Workload,
+    ceilings_json, dk_name, json_num, markdown, paired_kernel_computes, parse_json_lines, plot,
+    point_json, Ceilings, IdStats, Point, Workload,
 };
 use indexer_tests::{DeviceProblem, Gen, Padding, Problem, Values};
 use kernels_gpu::params::*;
@@ -633,6 +635,7 @@ fn run_workload(cli: &Cli) -> Res<()> {
             };
             p.opts = opts;
             let plan = Plan::new(&ctx, shape, opts).map_err(|e| format!("plan: {e}"))?;
+            let paired = paired_kernel_computes(plan.kernels(), &shape, &p.ids);
             let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
             let t = time_execute(&ctx, &stream, &plan, &mut d, &p, cli.warmup, runs)?;
             let secs = t.stages.total_us * 1e-6;
@@ -654,6 +657,7 @@ fn run_workload(cli: &Cli) -> Res<()> {
                 binding: if t_mma > t_sc { "mma" } else { "dK scatter" },
                 traffic_us: valid / ceil.slots_both * 1e6,
                 stats,
+                reductions_per_slot: stats.reductions_per_slot(paired),
             });
         }
     }
@@ -795,6 +799,7 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
         loss_coeff,
     };
     let plan = Plan::new(&ctx, shape, opts).map_err(|e| format!("{inp}: plan: {e}"))?;
+    let paired = paired_kernel_computes(plan.kernels(), &shape, &p.ids);
     let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
     let runs = cli.runs.max(1);
     let t = time_execute(&ctx, &stream, &plan, &mut d, &p, cli.warmup, runs)
@@ -828,6 +833,10 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
         "distinct_keys": stats.distinct_keys,
         "slots_per_key": json_num(stats.slots_per_key(), 3).parse::<f64>().ok(),
         "pair_aligned": json_num(stats.pair_aligned, 4).parse::<f64>().ok(),
+        "pair_shared": json_num(stats.pair_shared, 4).parse::<f64>().ok(),
+        "union4": json_num(stats.union4, 4).parse::<f64>().ok(),
+        "union8": json_num(stats.union8, 4).parse::<f64>().ok(),
+        "reductions_per_slot": json_num(stats.reductions_per_slot(paired), 4).parse::<f64>().ok(),
         "dk_gbs": round1(stats.valid_slots * shape.head_dim as f64 * 4.0 / (t.stages.total_us * 1e-6) / 1e9),
     })
     .to_string();
