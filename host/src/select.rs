@@ -52,8 +52,8 @@ pub struct Selection {
 /// | any other >= 9.0 (11.0, 12.0, 12.1, ...) | `sm_90` (portable, JIT-compiled) | row kernels | row kernels | [`Error::BackendUnavailable`] |
 ///
 /// "Row kernels" are the `mma.sync` kernels (one CTA per query row), which
-/// every module holds; the wgmma fast path (H = 64 with D = 128 or 64,
-/// H = 32 or 16 with D = 128; topk > 64) is in the `sm_90a` module only.
+/// every module holds; the wgmma fast path (every H in {16, 32, 64, 128}
+/// x D in {64, 128}, topk > 64) is in the `sm_90a` module only.
 pub fn select(major: i32, minor: i32, shape: &Shape, requested: Backend) -> Result<Selection> {
     select_with(major, minor, shape, requested, TCGEN05_VALIDATED)
 }
@@ -128,7 +128,7 @@ fn select_with(
 }
 
 /// The wgmma path's kernels for the heads and head dimension of `shape`
-/// (H = 64 with D = 128 or 64, H = 128, 32 or 16 with D = 128), or `None`.
+/// (H in {16, 32, 64, 128}, D in {64, 128}), or `None`.
 fn wg_row(shape: &Shape) -> Option<sm90::WgRow> {
     let (h, d) = (
         u32::try_from(shape.heads).ok()?,
@@ -168,10 +168,10 @@ pub(crate) enum PathKind {
         /// The row kernel's name (`grad_kernel_name`).
         kernel: &'static str,
     },
-    /// The Hopper fast path (`sm_90a` module, H = 64 with D = 128 or 64,
-    /// H = 32 or 16 with D = 128; topk > 64): stage 1, then, when
-    /// `paired`, the paired wgmma kernel, then the persistent wgmma row
-    /// kernel.
+    /// The Hopper fast path (`sm_90a` module, every H x D, topk > 64):
+    /// stage 1, then, when `paired` (H = 64, D = 128, an even row count),
+    /// the paired wgmma kernel, then the persistent wgmma kernel of the
+    /// shape.
     Sm90 {
         /// The kernels of the shape (`sm90::row_kernel`).
         row: sm90::WgRow,

@@ -169,9 +169,8 @@ pub enum Backend {
     Auto,
     /// The Hopper kernels: on sm_90 the wgmma fast path (stage-1 launch,
     /// then the persistent warpgroup-MMA kernel as its programmatic
-    /// dependent) for H = 64 with D = 128 or 64 and H = 32 or 16 with
-    /// D = 128, topk > 64, and the `mma.sync` row kernels (one CTA per
-    /// query row) for every other shape; on every
+    /// dependent) for every H x D at topk > 64, and the `mma.sync` row
+    /// kernels (one CTA per query row) at topk <= 64; on every
     /// other GPU the `mma.sync` row kernels.
     Hopper,
     /// Opt-in to the persistent tcgen05 kernels (stage 1 and stage 2 with

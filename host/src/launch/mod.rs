@@ -6,8 +6,7 @@
 //! - [`rows`]: the `mma.sync` row kernels, which every module holds: any
 //!   GPU, any shape the other two paths do not take;
 //! - [`sm90`]: the Hopper wgmma kernels: compute capability 9.0 (`sm_90a`
-//!   module), H = 64 with D = 128 or 64, H = 32 or 16 with D = 128,
-//!   topk > 64;
+//!   module), every H x D, topk > 64;
 //! - [`sm100`]: the tcgen05 kernels: compute capability 10.0 / 10.3 with
 //!   `Backend::Blackwell` forced, or `Auto` where
 //!   [`crate::TCGEN05_VALIDATED`] lists the GPU (compiled and assembled,

@@ -19,17 +19,20 @@
 //!   for D = 128, one for D = 64.
 //! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
 //!
-//! The row kernel exists for H = 64 with D = 128 ([`WG_KERNEL`]) and D = 64
-//! ([`WG_D64_KERNEL`]), and for H = 32 and 16 with D = 128
-//! ([`WG_H32_KERNEL`], [`WG_H16_KERNEL`]: the M = 64 head tile with its
-//! rows `H..64` zero, `Q_HEADS`); each D has its layout ([`smem`]),
-//! derived from D by const arithmetic. The role modules read D, the
-//! D-dependent sizes (`DIM`, `Q_BYTES`, `K_BYTES`, `DK_STRIDE`, `SMEM`,
+//! The kernel exists for every H in {16, 32, 64, 128} and D in {64, 128}:
+//! H = 64 with D = 128 ([`WG_KERNEL`]) and D = 64 ([`WG_D64_KERNEL`]),
+//! H = 32 and 16 (e.g. [`WG_H32_KERNEL`], [`WG_H16_D64_KERNEL`]: the M = 64
+//! head tile with its rows `H..64` zero, `Q_HEADS`) and H = 128
+//! ([`WG_H128_KERNEL`], [`WG_H128_D64_KERNEL`]: two halves of a CTA on one
+//! row's two 64-head halves); each D has its layout ([`smem`]), derived
+//! from D by const arithmetic. The role modules read D, the D-dependent
+//! sizes (`DIM`, `Q_BYTES`, `K_BYTES`, `DK_STRIDE`, `SMEM`, `PAIR`,
 //! `SPLIT`) and the problem's heads (`Q_HEADS`) from their parent: this
-//! module for H = 64, D = 128, and `d64`, `h32`, `h16`, which compile the
-//! same source files a second time as their own children (plain
-//! constants, so the H = 64, D = 128 kernels compile as before). The
-//! paired kernel is H = 64, D = 128 only.
+//! module for H = 64, D = 128, and `d64`, `h32`, `h16`, `h128` and the
+//! `_d64` ones, which compile the same source files a second time as
+//! their own children (`role_modules!`; plain constants, so the H = 64,
+//! D = 128 kernels compile as before). The paired kernel is H = 64,
+//! D = 128 only.
 
 mod sched;
 
