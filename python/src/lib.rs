@@ -6,9 +6,9 @@
 //! current stream. On the GPU a cached [`Plan`] runs
 //! [`Plan::execute_raw`] on the device's primary context (the one
 //! PyTorch uses); on the CPU [`cpu::execute`] runs on slices made from the
-//! host addresses. Dense mode has the same pair: [`PyDensePlan`]
-//! ([`dense::Plan::execute_raw`]) and [`dense_cpu_execute`]
-//! ([`dense::cpu::execute`]). Errors of the crate become `ValueError` (a
+//! host addresses. Dense mode has the same pair (module `dense`): a
+//! `DensePlan` running `dense::Plan::execute_raw`, and `dense_cpu_execute`
+//! running `dense::cpu::execute`. Errors of the crate become `ValueError` (a
 //! bad argument), `TypeError` (a wrong element type), `MemoryError`,
 //! `NotImplementedError` (no GPU path for this device or shape) or
 //! `RuntimeError` (device and driver), with the crate's message.
