@@ -141,9 +141,11 @@ pub enum Error {
         minor: i32,
     },
     /// What was asked for exists in the API but not yet in the library:
-    /// today, dense mode on the GPU ([`crate::dense::Plan::execute`]),
-    /// whose kernel is not written. Returned after every check of the
-    /// call passed and before anything is written.
+    /// today, dense mode where its GPU path does not run
+    /// ([`crate::dense::Plan::execute`] and
+    /// [`crate::dense::Plan::execute_raw`]; `NotImplementedError` in
+    /// Python). Returned after every check of the call passed and before
+    /// anything is written.
     #[error("not implemented yet: {what}")]
     NotImplemented {
         /// What is missing.

@@ -206,7 +206,7 @@ fn ptrs_of(b: &RawBuffers) -> Ptrs {
 ///
 /// # Safety
 /// `stream` is a valid stream handle.
-unsafe fn check_stream(ctx: &CudaContext, stream: sys::CUstream) -> Result<()> {
+pub(crate) unsafe fn check_stream(ctx: &CudaContext, stream: sys::CUstream) -> Result<()> {
     if (stream as usize) <= 2 {
         return Ok(());
     }
@@ -226,7 +226,7 @@ unsafe fn check_stream(ctx: &CudaContext, stream: sys::CUstream) -> Result<()> {
 
 /// The ordinal of the device `ptr` lives on, `None` when the driver does
 /// not know the address (host memory, a freed or foreign pointer).
-fn pointer_ordinal(ptr: u64) -> Option<usize> {
+pub(crate) fn pointer_ordinal(ptr: u64) -> Option<usize> {
     let mut ordinal: i32 = -1;
     let attr = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
     // SAFETY: the driver only reads its own tables for `ptr` and writes

@@ -3,12 +3,15 @@
 ``indexer_backward(index_q, weights, index_k, attn_score, index_score,
 topk_indices, grad_loss, ...)`` returns ``(grad_signal, d_index_q, d_weights,
 d_index_k)``: on CUDA tensors from the crate's GPU kernels, queued on the
-current stream; on CPU tensors from its CPU path. The contract (math, key-id
-conventions, tolerances) is docs/spec.md of the repository, the Python API
-docs/usage.md.
+current stream; on CPU tensors from its CPU path.
+``dense_indexer_backward(index_q, weights, index_k, attn_score, attn_l1norm,
+index_score, index_lse, grad_loss, ...)`` is dense mode (every causal key,
+BSHD or packed variable-length batches), returning ``DenseGrads``. The
+contract (math, key-id conventions, tolerances) is docs/spec.md of the
+repository, the Python API docs/usage.md.
 
 The package imports without torch (the checks and the native module are
-torch-free); ``indexer_backward`` needs torch.
+torch-free); ``indexer_backward`` and ``dense_indexer_backward`` need torch.
 """
 
 from . import _native
@@ -22,8 +25,13 @@ except ImportError:  # pragma: no cover - exercised by the torch-free CI tests
     _torch = None
 
 if _torch is not None:
+    from ._dense import DenseGrads, dense_indexer_backward
     from ._torch import IndexerGrads, clear_plan_cache, indexer_backward, plan_cache_size
 else:
+
+    def dense_indexer_backward(*args, **kwargs):
+        """Needs torch (not installed)."""
+        raise ImportError("dsa_indexer_bwd.dense_indexer_backward needs torch")
 
     def indexer_backward(*args, **kwargs):
         """Needs torch (not installed)."""
@@ -37,11 +45,14 @@ else:
         return 0
 
     IndexerGrads = None
+    DenseGrads = None
 
 __all__ = [
+    "DenseGrads",
     "IndexerGrads",
     "clear_plan_cache",
     "cuda_device_count",
+    "dense_indexer_backward",
     "indexer_backward",
     "plan_cache_size",
 ]

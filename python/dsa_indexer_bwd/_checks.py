@@ -66,7 +66,15 @@ def check_tensors(tensors):
     dimensions, then the sizes shared between tensors, then contiguity,
     then that all live on one device (CPU, or one CUDA device).
     """
-    for name, dtypes, _ in TENSORS:
+    sizes, first = _check_table(tensors, TENSORS)
+    dims = Dims(*(sizes[d][0] for d in ("B", "S_q", "S_k", "H", "D", "topk")))
+    return dims, first
+
+
+def _check_table(tensors, table):
+    """The checks of :func:`check_tensors` over ``table`` (rows as in
+    ``TENSORS``); returns ``({dim: (size, tensor name)}, Device)``."""
+    for name, dtypes, _ in table:
         t = tensors[name]
         if not all(hasattr(t, a) for a in ("shape", "dtype", "device", "is_contiguous")):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -75,7 +83,7 @@ def check_tensors(tensors):
             want = " or ".join(f"torch.{d}" for d in dtypes)
             raise TypeError(f"{name}: expected dtype {want}, got torch.{got}")
     sizes = {}
-    for name, _, dims in TENSORS:
+    for name, _, dims in table:
         shape = tuple(int(n) for n in tensors[name].shape)
         if len(shape) != len(dims):
             raise ValueError(
@@ -91,21 +99,161 @@ def check_tensors(tensors):
                     f"{name}: expected shape {_describe_mixed(want)} (its {dim} = "
                     f"{sizes[dim][0]} from {sizes[dim][1]}), got {_describe(shape)}"
                 )
-    for name, _, _ in TENSORS:
+    for name, _, _ in table:
         if not tensors[name].is_contiguous():
             raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
-    first = _device(tensors["index_q"])
+    lead = table[0][0]
+    first = _device(tensors[lead])
     if first.type not in ("cuda", "cpu"):
-        raise ValueError(f"index_q: expected a CUDA or CPU tensor, got device {first.type}")
-    for name, _, _ in TENSORS[1:]:
+        raise ValueError(f"{lead}: expected a CUDA or CPU tensor, got device {first.type}")
+    for name, _, _ in table[1:]:
         d = _device(tensors[name])
         if d != first:
             raise ValueError(
-                f"{name}: on {_where(d)}, but index_q is on {_where(first)}; "
+                f"{name}: on {_where(d)}, but {lead} is on {_where(first)}; "
                 "all tensors must be on one device"
             )
-    dims = Dims(*(sizes[d][0] for d in ("B", "S_q", "S_k", "H", "D", "topk")))
-    return dims, first
+    return sizes, first
+
+
+# Dense mode (docs/spec.md, "Dense mode"): BSHD and packed tensors.
+DENSE_BSHD = (
+    ("index_q", ("bfloat16",), ("B", "S_q", "H", "D")),
+    ("weights", ("bfloat16",), ("B", "S_q", "H")),
+    ("index_k", ("bfloat16",), ("B", "S_k", "D")),
+    ("attn_score", ("float32",), ("B", "S_q", "S_k")),
+    ("attn_l1norm", ("float32",), ("B", "S_q")),
+    ("index_score", ("float32",), ("B", "S_q", "S_k")),
+    ("index_lse", ("float32",), ("B", "S_q")),
+)
+DENSE_PACKED = (
+    ("index_q", ("bfloat16",), ("T_q", "H", "D")),
+    ("weights", ("bfloat16",), ("T_q", "H")),
+    ("index_k", ("bfloat16",), ("T_k", "D")),
+    ("attn_score", ("float32",), ("T_q", "cols")),
+    ("attn_l1norm", ("float32",), ("T_q",)),
+    ("index_score", ("float32",), ("T_q", "cols")),
+    ("index_lse", ("float32",), ("T_q",)),
+)
+
+
+class DenseDims(NamedTuple):
+    """The sizes of one dense call (hashable: part of the plan cache key).
+    ``bshd`` is ``(B, S_q, S_k)`` or ``None`` when packed; then
+    ``cu_seqlens_q``, ``cu_seqlens_k`` are tuples of B + 1 offsets and
+    ``score_cols`` the columns of the score tensors."""
+
+    heads: int
+    head_dim: int
+    bshd: object
+    cu_seqlens_q: object
+    cu_seqlens_k: object
+    score_cols: int
+    q_offset: tuple
+    ratio: int
+
+    @property
+    def batch(self):
+        return self.bshd[0] if self.bshd is not None else len(self.cu_seqlens_q) - 1
+
+    def layout_kwargs(self):
+        """The layout keywords of ``_native.DensePlan`` and ``dense_cpu_execute``."""
+        kw = dict(q_offset=list(self.q_offset), ratio=self.ratio)
+        if self.bshd is not None:
+            kw["bshd"] = self.bshd
+        else:
+            kw.update(cu_seqlens_q=list(self.cu_seqlens_q),
+                      cu_seqlens_k=list(self.cu_seqlens_k), score_cols=self.score_cols)
+        return kw
+
+
+def _int(name, v):
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise TypeError(f"{name}: expected an integer, got {type(v).__name__}")
+    return int(v.__index__())
+
+
+def _ints(name, v):
+    """A list of ints from a list, a tuple, or a 1-D int32 / int64 tensor."""
+    if all(hasattr(v, a) for a in ("shape", "dtype", "tolist")):
+        dt = dtype_name(v.dtype)
+        if dt not in ("int32", "int64"):
+            raise TypeError(f"{name}: expected dtype torch.int32 or torch.int64, got torch.{dt}")
+        if len(v.shape) != 1:
+            raise ValueError(f"{name}: expected 1 dimension, got shape {_describe(v.shape)}")
+        return [int(x) for x in v.tolist()]
+    if not isinstance(v, (list, tuple)):
+        raise TypeError(f"{name}: expected a list or an integer tensor, got {type(v).__name__}")
+    return [_int(name, x) for x in v]
+
+
+def _cu_seqlens(name, v, total, total_name):
+    """Checks ``cu_seqlens``: B + 1 >= 2 offsets from 0, non-decreasing,
+    ending at the packed tensors' row count ``total``."""
+    cu = _ints(name, v)
+    if len(cu) < 2:
+        raise ValueError(f"{name}: expected at least 2 offsets (B + 1), got {len(cu)}")
+    if cu[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {cu[0]}")
+    for i in range(1, len(cu)):
+        if cu[i] < cu[i - 1]:
+            raise ValueError(
+                f"{name}: must be non-decreasing, got {cu[i - 1]} then {cu[i]} at index {i}"
+            )
+    if cu[-1] != total:
+        raise ValueError(f"{name}: ends at {cu[-1]}, but {total_name} has {total} rows")
+    return tuple(cu)
+
+
+def check_dense_tensors(tensors, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=None, ratio=1):
+    """Checks the seven dense tensors (a dict by name) and the layout
+    arguments; returns ``(DenseDims, Device)``.
+
+    BSHD without ``cu_seqlens``, packed with both. Order: the tensors as in
+    :func:`check_tensors` (against ``DENSE_BSHD`` or ``DENSE_PACKED``), then
+    ``cu_seqlens_q``, ``cu_seqlens_k`` (same length, each from 0 to its
+    tensor's row count, non-decreasing; the score columns at least the
+    longest key sequence), then ``q_offset`` (an integer for every batch, or
+    one per batch), then ``ratio`` (an integer >= 1).
+    """
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k: give both (packed) or neither (BSHD)")
+    packed = cu_seqlens_q is not None
+    sizes, device = _check_table(tensors, DENSE_PACKED if packed else DENSE_BSHD)
+    heads, head_dim = sizes["H"][0], sizes["D"][0]
+    if packed:
+        cu_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, sizes["T_q"][0], "index_q")
+        cu_k = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, sizes["T_k"][0], "index_k")
+        if len(cu_q) != len(cu_k):
+            raise ValueError(
+                f"cu_seqlens_k: expected {len(cu_q)} offsets (as cu_seqlens_q), got {len(cu_k)}"
+            )
+        cols = sizes["cols"][0]
+        longest = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+        if cols < longest:
+            raise ValueError(
+                f"attn_score: {cols} columns, fewer than the longest key sequence ({longest})"
+            )
+        bshd, batch = None, len(cu_q) - 1
+    else:
+        cu_q = cu_k = None
+        bshd = (sizes["B"][0], sizes["S_q"][0], sizes["S_k"][0])
+        cols, batch = bshd[2], bshd[0]
+    if q_offset is None:
+        offsets = ()
+    elif isinstance(q_offset, (list, tuple)) or hasattr(q_offset, "shape"):
+        offsets = tuple(_ints("q_offset", q_offset))
+        if len(offsets) != batch:
+            raise ValueError(
+                f"q_offset: expected {batch} entries (one per batch), got {len(offsets)}"
+            )
+    else:
+        offsets = (_int("q_offset", q_offset),) * batch
+    ratio = _int("ratio", ratio)
+    if ratio < 1:
+        raise ValueError(f"ratio: expected an integer >= 1, got {ratio}")
+    dims = DenseDims(heads, head_dim, bshd, cu_q, cu_k, cols, offsets, ratio)
+    return dims, device
 
 
 def check_grad_loss(grad_loss, device):

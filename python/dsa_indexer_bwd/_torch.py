@@ -47,7 +47,8 @@ def clear_plan_cache():
 
 
 def plan_cache_size():
-    """Number of cached plans (one per device, shape and set of options used)."""
+    """Number of cached plans (one per device, shape or dense layout, and set of
+    options used; sparse and dense plans alike)."""
     return len(_plans)
 
 

@@ -6,8 +6,11 @@
 //! current stream. On the GPU a cached [`Plan`] runs
 //! [`Plan::execute_raw`] on the device's primary context (the one
 //! PyTorch uses); on the CPU [`cpu::execute`] runs on slices made from the
-//! host addresses. Errors of the crate become `ValueError` (a bad
-//! argument), `TypeError` (a wrong element type), `MemoryError` or
+//! host addresses. Dense mode has the same pair (module `dense`): a
+//! `DensePlan` running `dense::Plan::execute_raw`, and `dense_cpu_execute`
+//! running `dense::cpu::execute`. Errors of the crate become `ValueError` (a
+//! bad argument), `TypeError` (a wrong element type), `MemoryError`,
+//! `NotImplementedError` (no GPU path for this device or shape) or
 //! `RuntimeError` (device and driver), with the crate's message.
 
 use dsa_indexer_bwd::cpu::{self, HostGrad, HostInputs, HostOutputs};
@@ -15,9 +18,14 @@ use dsa_indexer_bwd::cudarc::driver::{result, CudaContext};
 use dsa_indexer_bwd::{
     bf16, Backend, Error, GradDtype, KeyIds, Options, Plan, RawBuffers, ScoreKind, Shape,
 };
-use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyMemoryError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
+
+mod dense;
+use dense::{dense_cpu_execute, PyDensePlan};
 
 /// The Python exception of a crate error.
 fn py_err(e: Error) -> PyErr {
@@ -27,11 +35,13 @@ fn py_err(e: Error) -> PyErr {
         Error::Shape { .. }
         | Error::NonFinite { .. }
         | Error::Length { .. }
+        | Error::CuSeqlens { .. }
         | Error::Alignment { .. }
         | Error::Device { .. }
         | Error::Overlap { .. }
         | Error::Workspace { .. } => PyValueError::new_err(msg),
         Error::HostMemory { .. } => PyMemoryError::new_err(msg),
+        Error::NotImplemented { .. } => PyNotImplementedError::new_err(msg),
         _ => PyRuntimeError::new_err(msg),
     }
 }
@@ -152,27 +162,7 @@ impl PyPlan {
     ) -> PyResult<Self> {
         let shape = shape(dims)?;
         let opts = options(sm_scale, key_ids, score, d_index_k, d_weights, backend)?;
-        // Without a driver library cudarc would panic on its first call.
-        let count = dsa_indexer_bwd::cuda_device_count();
-        if device >= count {
-            return Err(PyRuntimeError::new_err(format!(
-                "CUDA device {device} not found ({count} CUDA devices)"
-            )));
-        }
-        // Loading the module may JIT-compile PTX: without the GIL. Creating
-        // the context and loading bind it to this thread; the thread's
-        // previous context (PyTorch's current device) is restored after.
-        let plan = py
-            .detach(|| {
-                let prev = result::ctx::get_current()?;
-                let plan = context(device).and_then(|ctx| Plan::new(&ctx, shape, opts));
-                if let Some(prev) = prev {
-                    // SAFETY: `prev` was current on this thread just before.
-                    unsafe { result::ctx::set_current(prev) }?;
-                }
-                plan
-            })
-            .map_err(py_err)?;
+        let plan = build_plan(py, device, |ctx| Plan::new(ctx, shape, opts))?;
         Ok(PyPlan { plan, device })
     }
 
@@ -258,6 +248,40 @@ impl PyPlan {
         py.detach(|| unsafe { plan.execute_raw(stream as *mut _, &bufs, loss_coeff) })
             .map_err(py_err)
     }
+}
+
+/// Whether CUDA device `device` exists (without a driver library cudarc
+/// would panic on its first call).
+fn check_device(device: usize) -> PyResult<()> {
+    let count = dsa_indexer_bwd::cuda_device_count();
+    if device >= count {
+        return Err(PyRuntimeError::new_err(format!(
+            "CUDA device {device} not found ({count} CUDA devices)"
+        )));
+    }
+    Ok(())
+}
+
+/// Builds a plan with `build` on the primary context of `device`, without
+/// the GIL (loading the module may JIT-compile PTX). Creating the context
+/// and loading bind it to this thread; the thread's previous context
+/// (PyTorch's current device) is restored after.
+fn build_plan<P: Send>(
+    py: Python<'_>,
+    device: usize,
+    build: impl FnOnce(&Arc<CudaContext>) -> Result<P, Error> + Send,
+) -> PyResult<P> {
+    check_device(device)?;
+    py.detach(|| {
+        let prev = result::ctx::get_current()?;
+        let plan = context(device).and_then(|ctx| build(&ctx));
+        if let Some(prev) = prev {
+            // SAFETY: `prev` was current on this thread just before.
+            unsafe { result::ctx::set_current(prev) }?;
+        }
+        plan
+    })
+    .map_err(py_err)
 }
 
 /// One host tensor for the CPU path: name, address, element count, size.
@@ -407,7 +431,9 @@ fn cuda_device_count() -> usize {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlan>()?;
+    m.add_class::<PyDensePlan>()?;
     m.add_function(wrap_pyfunction!(cpu_execute, m)?)?;
+    m.add_function(wrap_pyfunction!(dense_cpu_execute, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,6 +1,7 @@
 """Torch-free tests (run by `cargo xtask test`): the native module's CPU
-path against a pure-Python f64 reference, its errors, and the argument
-checks of `indexer_backward` on stand-in tensors."""
+paths (sparse and dense) against a pure-Python f64 reference, their errors,
+and the argument checks of `indexer_backward` and `dense_indexer_backward`
+on stand-in tensors."""
 
 import math
 import unittest
@@ -8,7 +9,7 @@ from array import array
 
 import dsa_indexer_bwd
 from dsa_indexer_bwd import _checks, _native
-from reference import Problem, addr, bf16_to_float, rel_err
+from reference import DenseProblem, Problem, addr, bf16_to_float, rel_err
 
 DIMS = (2, 3, 5, 16, 64, 4)  # B, S_q, S_k, H, D, topk
 
@@ -235,6 +236,199 @@ class Checks(unittest.TestCase):
         self.assertEqual(_checks.id_limit(dims, "local"), 5)
 
 
+def run_dense_cpu(p, dk="float32", dw="bfloat16", **over):
+    """Runs the dense CPU path on `p`; returns the four outputs as floats."""
+    h, d = p.heads, p.head_dim
+    rows, keys = p.cu_q[-1], p.cu_k[-1]
+    gs = array("f", p.logits)  # logits in, grad_signal out
+    dq = array("H", [0xFFFF] * (rows * h * d))  # NaN poison
+
+    def poison(n, dtype):
+        return array("f", [math.nan] * n) if dtype == "float32" else array("H", [0xFFFF] * n)
+
+    dwb, dkb = poison(rows * h, dw), poison(keys * d, dk)
+    args = dict(
+        index_q=addr(p.q), weights=addr(p.w), index_k=addr(p.k), attn_score=addr(p.attn),
+        attn_l1norm=addr(p.l1), index_score=addr(gs), index_lse=addr(p.lse),
+        d_index_q=addr(dq), d_weights=addr(dwb), d_index_k=addr(dkb),
+        grad_loss=p.grad_loss, loss_coeff=p.loss_coeff,
+    )
+    kw = p.layout_kwargs()
+    kw.update(sm_scale=p.sm_scale, d_index_k_dtype=dk, d_weights_dtype=dw)
+    for key, v in over.items():
+        (args if key in args else kw)[key] = v
+    _native.dense_cpu_execute(p.heads, p.head_dim, *args.values(), **kw)
+
+    def floats(buf):
+        return [bf16_to_float(x) for x in buf] if buf.typecode == "H" else list(buf)
+
+    return list(gs), floats(dq), floats(dwb), floats(dkb)
+
+
+DENSE_PROBLEMS = (
+    # BSHD, per-batch offsets, compressed keys.
+    dict(bshd=(2, 4, 6), q_offset=[3, 0], ratio=2),
+    # Packed: an empty query batch, a negative offset, padded score columns.
+    dict(cu_q=[0, 3, 3, 7], cu_k=[0, 5, 6, 10], cols=6, q_offset=[1, 0, -2]),
+)
+
+
+class DenseCpuPath(unittest.TestCase):
+    def test_matches_the_python_reference(self):
+        for i, layout in enumerate(DENSE_PROBLEMS):
+            for dk, dw in (("float32", "bfloat16"), ("bfloat16", "float32")):
+                with self.subTest(layout=layout, dk=dk, dw=dw):
+                    p = DenseProblem(10 + i, **layout)
+                    got = run_dense_cpu(p, dk, dw)
+                    want = p.reference()
+                    bounds = (1e-6, 8e-3, 8e-3, 1.2e-2 if dk == "bfloat16" else 8e-3)
+                    for name, g, w, bound in zip(
+                        ("grad_signal", "d_index_q", "d_weights", "d_index_k"), got, want, bounds
+                    ):
+                        e = rel_err(g, w)
+                        self.assertLessEqual(e, bound, f"{name}: relative error {e}")
+                        self.assertGreater(sum(abs(x) for x in w), 0.0, f"{name}: all zero")
+
+    def test_invisible_columns_get_zero(self):
+        p = DenseProblem(12, **DENSE_PROBLEMS[1])
+        gs = run_dense_cpu(p)[0]
+        for r in range(p.cu_q[-1]):
+            vis = p.row(r)[2]
+            row = gs[r * p.cols:(r + 1) * p.cols]
+            self.assertEqual(row[vis:], [0.0] * (p.cols - vis), f"row {r}")
+
+    def test_errors_name_the_problem(self):
+        p = DenseProblem(13, **DENSE_PROBLEMS[0])
+        cases = [
+            (ValueError, "layout: give bshd", dict(bshd=None)),
+            (ValueError, "cu_seqlens", dict(bshd=None, cu_seqlens_q=[1, 8], cu_seqlens_k=[0, 12])),
+            (ValueError, "q_offset", dict(q_offset=[1, 2, 3])),
+            (ValueError, "ratio", dict(ratio=0)),
+            (ValueError, "grad_loss must be finite", dict(grad_loss=math.nan)),
+            (ValueError, "loss_coeff must be finite", dict(loss_coeff=math.inf)),
+            (ValueError, "d_index_q overlaps index_q", dict(d_index_q=addr(p.q))),
+            (ValueError, "index_score overlaps attn_score", dict(index_score=addr(p.attn))),
+            (ValueError, "index_k: host address 0x0", dict(index_k=0)),
+            (ValueError, "attn_l1norm: host address .* 4-byte aligned",
+             dict(attn_l1norm=addr(p.l1) + 2)),
+            (ValueError, "d_weights", dict(d_weights_dtype="float16")),
+        ]
+        for exc, msg, over in cases:
+            with self.subTest(msg=msg), self.assertRaisesRegex(exc, msg):
+                run_dense_cpu(p, **over)
+        with self.assertRaisesRegex(ValueError, "heads"):
+            _native.dense_cpu_execute(24, 64, *([8] * 10), 1.0, 1.0, bshd=(1, 1, 1))
+
+
+class DensePlans(unittest.TestCase):
+    def test_a_plan_needs_a_cuda_device(self):
+        n = _native.cuda_device_count()
+        with self.assertRaisesRegex(RuntimeError, "CUDA device"):
+            _native.DensePlan(n, 16, 64, bshd=(1, 4, 4))
+
+    def test_plan_arguments_are_checked_before_the_device(self):
+        with self.assertRaisesRegex(ValueError, "head_dim"):
+            _native.DensePlan(0, 16, 96, bshd=(1, 4, 4))
+        with self.assertRaisesRegex(ValueError, "layout"):
+            _native.DensePlan(0, 16, 64, cu_seqlens_q=[0, 4])
+        with self.assertRaisesRegex(ValueError, "score_cols"):
+            _native.DensePlan(0, 16, 64, cu_seqlens_q=[0, 4], cu_seqlens_k=[0, 5], score_cols=3)
+        with self.assertRaisesRegex(ValueError, "q_offset"):
+            _native.DensePlan(0, 16, 64, bshd=(2, 4, 4), q_offset=[0])
+        with self.assertRaisesRegex(ValueError, "sm_scale must be finite"):
+            _native.DensePlan(0, 16, 64, bshd=(1, 4, 4), sm_scale=math.nan)
+
+
+def dense_tensors(packed=False, **over):
+    if packed:  # T_q = 7, T_k = 10, cols = 6
+        t = {
+            "index_q": FakeTensor((7, 16, 64), "bfloat16"),
+            "weights": FakeTensor((7, 16), "bfloat16"),
+            "index_k": FakeTensor((10, 64), "bfloat16"),
+            "attn_score": FakeTensor((7, 6), "float32"),
+            "attn_l1norm": FakeTensor((7,), "float32"),
+            "index_score": FakeTensor((7, 6), "float32"),
+            "index_lse": FakeTensor((7,), "float32"),
+        }
+    else:  # B = 2, S_q = 3, S_k = 5
+        t = {
+            "index_q": FakeTensor((2, 3, 16, 64), "bfloat16"),
+            "weights": FakeTensor((2, 3, 16), "bfloat16"),
+            "index_k": FakeTensor((2, 5, 64), "bfloat16"),
+            "attn_score": FakeTensor((2, 3, 5), "float32"),
+            "attn_l1norm": FakeTensor((2, 3), "float32"),
+            "index_score": FakeTensor((2, 3, 5), "float32"),
+            "index_lse": FakeTensor((2, 3), "float32"),
+        }
+    t.update(over)
+    return t
+
+
+class DenseChecks(unittest.TestCase):
+    CU_Q, CU_K = [0, 3, 3, 7], [0, 5, 6, 10]
+
+    def test_bshd(self):
+        dims, dev = _checks.check_dense_tensors(dense_tensors(), q_offset=4, ratio=2)
+        self.assertEqual(dev, ("cuda", 0))
+        self.assertEqual((dims.heads, dims.head_dim, dims.bshd), (16, 64, (2, 3, 5)))
+        self.assertEqual((dims.score_cols, dims.q_offset, dims.ratio), (5, (4, 4), 2))
+        self.assertEqual(dims.batch, 2)
+        self.assertEqual(dims.layout_kwargs(), dict(bshd=(2, 3, 5), q_offset=[4, 4], ratio=2))
+        hash(dims)
+
+    def test_packed(self):
+        dims, _ = _checks.check_dense_tensors(
+            dense_tensors(True), self.CU_Q, tuple(self.CU_K), q_offset=[1, 0, -2])
+        self.assertIsNone(dims.bshd)
+        self.assertEqual(dims.cu_seqlens_q, tuple(self.CU_Q))
+        self.assertEqual(dims.cu_seqlens_k, tuple(self.CU_K))
+        self.assertEqual((dims.score_cols, dims.q_offset, dims.batch), (6, (1, 0, -2), 3))
+        kw = dims.layout_kwargs()
+        self.assertEqual(kw["cu_seqlens_q"], self.CU_Q)
+        self.assertEqual(kw["score_cols"], 6)
+
+    def test_each_failure_names_the_tensor(self):
+        cq, ck = self.CU_Q, self.CU_K
+        cases = [
+            (TypeError, "attn_l1norm: expected dtype torch.float32, got torch.bfloat16",
+             dict(attn_l1norm=FakeTensor((2, 3), "bfloat16")), {}),
+            (ValueError, r"index_lse: expected 2 dimensions \(B, S_q\), got shape \(6\)",
+             dict(index_lse=FakeTensor((6,), "float32")), {}),
+            (ValueError, r"attn_score: expected shape \(2, 3, 5\) \(its S_k = 5 from index_k\)",
+             dict(attn_score=FakeTensor((2, 3, 4), "float32")), {}),
+            (ValueError, "index_score: must be contiguous",
+             dict(index_score=FakeTensor((2, 3, 5), "float32", contiguous=False)), {}),
+            (ValueError, "index_lse: on cpu, but index_q is on cuda:0",
+             dict(index_lse=FakeTensor((2, 3), "float32", ("cpu",))), {}),
+            (ValueError, "give both", {}, dict(cu_seqlens_q=cq)),
+            (ValueError, "q_offset: expected 2 entries", {}, dict(q_offset=[1])),
+            (TypeError, "q_offset: expected an integer", {}, dict(q_offset=1.5)),
+            (ValueError, "ratio: expected an integer >= 1", {}, dict(ratio=0)),
+            (TypeError, "ratio: expected an integer", {}, dict(ratio=True)),
+        ]
+        for exc, msg, over, kw in cases:
+            with self.subTest(msg=msg), self.assertRaisesRegex(exc, msg):
+                _checks.check_dense_tensors(dense_tensors(**over), **kw)
+        packed = [
+            (ValueError, r"index_q: expected 3 dimensions \(T_q, H, D\)",
+             dict(index_q=FakeTensor((2, 3, 16, 64), "bfloat16")), cq, ck),
+            (ValueError, "cu_seqlens_q: must start at 0", {}, [1, 3, 3, 7], ck),
+            (ValueError, "cu_seqlens_k: must be non-decreasing, got 6 then 5 at index 2", {},
+             cq, [0, 6, 5, 10]),
+            (ValueError, "cu_seqlens_q: ends at 6, but index_q has 7 rows", {}, [0, 3, 3, 6], ck),
+            (ValueError, "cu_seqlens_k: expected 4 offsets", {}, cq, [0, 10]),
+            (ValueError, "cu_seqlens_q: expected at least 2 offsets", {}, [0], ck),
+            (TypeError, "cu_seqlens_k: expected a list", {}, cq, "0,5"),
+            (TypeError, "cu_seqlens_q: expected an integer", {}, [0, 3.0, 3, 7], ck),
+            (ValueError, r"attn_score: 3 columns, fewer than the longest key sequence \(5\)",
+             dict(attn_score=FakeTensor((7, 3), "float32"),
+                  index_score=FakeTensor((7, 3), "float32")), cq, ck),
+        ]
+        for exc, msg, over, q, k in packed:
+            with self.subTest(msg=msg), self.assertRaisesRegex(exc, msg):
+                _checks.check_dense_tensors(dense_tensors(True, **over), q, k)
+
+
 class Package(unittest.TestCase):
     def test_imports_without_torch(self):
         self.assertEqual(dsa_indexer_bwd.__version__, _native.__version__)
@@ -244,6 +438,8 @@ class Package(unittest.TestCase):
         except ImportError:
             with self.assertRaisesRegex(ImportError, "needs torch"):
                 dsa_indexer_bwd.indexer_backward()
+            with self.assertRaisesRegex(ImportError, "needs torch"):
+                dsa_indexer_bwd.dense_indexer_backward()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 use crate::{
     f32_ref_errors, gpu_errors, same_bits, tolerances, within_bounds, Errors, Floors, GpuOut,
 };
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use dsa_indexer_bwd::dense::{self, cpu::HostInputs};
 use dsa_indexer_bwd::{bf16, GradDtype, GradOut, KeyIds, Options, ScoreKind, Shape};
 use rand::Rng;
@@ -331,6 +331,48 @@ impl DenseDevice {
             workspace: Some(self.ws.as_view_mut()),
         };
         plan.execute(stream, &inputs, &mut outputs, loss_coeff)
+    }
+
+    /// The device addresses of these buffers for `dense::Plan::execute_raw`
+    /// with the output types of `opts` and `ws_bytes` of workspace (none
+    /// when 0).
+    pub fn raw(
+        &self,
+        stream: &Arc<CudaStream>,
+        opts: &Options,
+        ws_bytes: usize,
+    ) -> dense::DenseRawBuffers {
+        fn addr<T>(stream: &Arc<CudaStream>, s: &CudaSlice<T>) -> u64 {
+            let (p, _guard) = s.device_ptr(stream);
+            p
+        }
+        dense::DenseRawBuffers {
+            index_q: addr(stream, &self.q),
+            weights: addr(stream, &self.w),
+            index_k: addr(stream, &self.k),
+            attn_score: addr(stream, &self.attn),
+            attn_l1norm: addr(stream, &self.l1),
+            index_lse: addr(stream, &self.lse),
+            grad_loss: addr(stream, &self.grad_loss),
+            index_score: addr(stream, &self.score),
+            d_index_q: addr(stream, &self.dq),
+            d_weights: match opts.d_weights {
+                GradDtype::F32 => addr(stream, &self.dw_f32),
+                GradDtype::Bf16 => addr(stream, &self.dw_bf16),
+            },
+            d_index_k: match opts.d_index_k {
+                GradDtype::F32 => addr(stream, &self.dk_f32),
+                GradDtype::Bf16 => addr(stream, &self.dk_bf16),
+            },
+            workspace: if ws_bytes > 0 {
+                addr(stream, &self.ws)
+            } else {
+                0
+            },
+            workspace_bytes: ws_bytes,
+            d_weights_dtype: opts.d_weights,
+            d_index_k_dtype: opts.d_index_k,
+        }
     }
 
     /// The outputs (after the stream's work), widened as [`GpuOut`] holds

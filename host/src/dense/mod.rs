@@ -23,7 +23,9 @@
 //!   the sparse path's wgmma kernels on the equivalent sparse problem
 //!   (key ids built once by the plan, [`MAX_GPU_SCORES`]); elsewhere
 //!   [`Plan::execute`] returns [`crate::Error::NotImplemented`] after its
-//!   checks. A dense kernel proper (K tiles loaded whole, dK reduced once
+//!   checks; [`Plan::execute_raw`] the same on raw device addresses and
+//!   a raw stream ([`DenseRawBuffers`], for the Python extension). A
+//!   dense kernel proper (K tiles loaded whole, dK reduced once
 //!   per key tile) is not written yet.
 //!
 //! Of [`crate::Options`], `sm_scale`, `d_index_k` and `d_weights` apply;
@@ -74,9 +76,11 @@ pub mod cpu;
 mod gpu;
 mod oneshot;
 mod plan;
+mod raw;
 mod shape;
 
 pub use gpu::MAX_GPU_SCORES;
 pub use oneshot::{run, run_with_progress};
 pub use plan::{Inputs, Outputs, Plan};
+pub use raw::DenseRawBuffers;
 pub use shape::{Layout, Row, Shape};

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 /// What [`Plan::execute`] returns after its checks pass where the GPU
 /// path does not run.
-const NO_KERNEL: &str = "dense mode on this GPU or shape: it runs on compute \
+pub(super) const NO_KERNEL: &str = "dense mode on this GPU or shape: it runs on compute \
 capability 9.0 with more than 64 key columns and at most 2^29 score elements \
 (dense::cpu::execute and dense::run compute it on the CPU)";
 
@@ -72,9 +72,9 @@ pub struct Outputs<'a> {
 pub struct Plan {
     shape: Shape,
     opts: Options,
-    ctx: Arc<CudaContext>,
+    pub(super) ctx: Arc<CudaContext>,
     /// The GPU path, where it runs.
-    gpu: Option<DenseGpu>,
+    pub(super) gpu: Option<DenseGpu>,
 }
 
 impl Plan {
