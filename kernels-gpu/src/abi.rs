@@ -146,6 +146,62 @@ pub struct DenseParams {
     pub _pad: u32,
 }
 
+/// `d_index_k` is bf16 (dense tile kernel: it writes dK directly, in the
+/// type this bit names; f32 without it).
+pub const FLAG_DK_BF16: u32 = 1 << 6;
+
+/// Parameter of dense mode's tile kernel (`indexer_dense_bwd_wg_h64_d128`):
+/// stage 2 over whole key tiles, after dense stage 1 wrote grad_signal
+/// over `index_score`. Its grid is one CTA per work item (`items`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DenseTileParams {
+    /// `index_q`, bf16 `(rows, 64, 128)`, 16-byte aligned.
+    pub index_q: u64,
+    /// `weights`, bf16 `(rows, 64)`.
+    pub weights: u64,
+    /// `index_k`, bf16 `(key rows, 128)`, 16-byte aligned.
+    pub index_k: u64,
+    /// grad_signal, f32 `(rows, cols)` (dense stage 1's output, written
+    /// over `index_score`): 0 at the columns a row does not see.
+    pub grad_signal: u64,
+    /// u32 `(rows,)`: each row's visible key count `L` (`<= cols`).
+    pub visible: u64,
+    /// The work items, [`DENSE_ITEM_WORDS`] u32 each (`DenseItem`).
+    pub items: u64,
+    /// `d_index_q`, bf16 `(rows, 64, 128)`.
+    pub d_index_q: u64,
+    /// `d_weights`, bf16 or f32 ([`FLAG_DW_F32`]) `(rows, 64)`.
+    pub d_weights: u64,
+    /// `d_index_k`, f32 or bf16 ([`FLAG_DK_BF16`]) `(key rows, 128)`:
+    /// written once per key, never accumulated.
+    pub d_index_k: u64,
+    /// Items (the grid).
+    pub n_items: u32,
+    /// Columns per row of grad_signal.
+    pub cols: u32,
+    /// `sm_scale`.
+    pub sm_scale: f32,
+    /// [`FLAG_DW_F32`], [`FLAG_DK_BF16`].
+    pub flags: u32,
+}
+
+/// u32 words per work item of the dense tile kernel.
+pub const DENSE_ITEM_WORDS: usize = 8;
+/// Item kind (word 0) of a row item: `[ROWS, row0, nrows, key_start,
+/// tiles, 0, 0, 0]`: query rows `row0..row0 + nrows` (`nrows` 1 or 2, one
+/// batch), whose keys start at key row `key_start`; `tiles` key tiles of 64
+/// cover the longest row's visible keys. It writes the rows' dQ and dW.
+pub const DENSE_ITEM_ROWS: u32 = 0;
+/// Item kind (word 0) of a key item: `[KEYS, key_start, col0, nkeys,
+/// row_begin, row_end, 0, 0]`: keys `col0..col0 + nkeys` (`nkeys <= 128`)
+/// of the batch whose key 0 is key row `key_start`, against the query rows
+/// `row_begin..row_end` of that batch (every row that sees one of them).
+/// It writes the keys' dK.
+pub const DENSE_ITEM_KEYS: u32 = 1;
+/// Threads per CTA of the dense tile kernel (two warpgroups).
+pub const DENSE_TILE_THREADS: u32 = 256;
+
 /// Threads per CTA of the dense stage-1 kernel (one query row per CTA).
 pub const DENSE_STAGE1_THREADS: u32 = 256;
 /// Its dynamic shared memory: one f32 partial of `G` per warp.

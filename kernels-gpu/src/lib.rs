@@ -28,6 +28,7 @@
 extern crate std;
 
 pub mod abi;
+pub mod dense_wg;
 pub mod params;
 pub mod registry;
 pub mod sched;

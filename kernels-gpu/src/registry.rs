@@ -14,10 +14,10 @@
 //! This module uses only [`crate::abi`]; kernel modules may use it.
 
 use crate::abi::{
-    CastParams, CeilParams, DenseParams, GradParams, Sm100Params, Sm100ProbeParams,
-    Sm100SmokeParams, SmokeParams, CAST_THREADS, CEIL_BULK_THREADS, DENSE_STAGE1_THREADS,
-    SM100_PROBE_THREADS, SM100_SMOKE_THREADS, SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS,
-    WATCHDOG_PROBE_THREADS,
+    CastParams, CeilParams, DenseParams, DenseTileParams, GradParams, Sm100Params,
+    Sm100ProbeParams, Sm100SmokeParams, SmokeParams, CAST_THREADS, CEIL_BULK_THREADS,
+    DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, SM100_PROBE_THREADS, SM100_SMOKE_THREADS,
+    SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS, WATCHDOG_PROBE_THREADS,
 };
 
 /// A PTX file `cargo xtask build-ptx` writes (`kernels-gpu/ptx/kernels_<target>.ptx`).
@@ -102,6 +102,8 @@ pub enum Param {
     Tag,
     /// [`DenseParams`].
     Dense,
+    /// [`DenseTileParams`].
+    DenseTile,
 }
 
 impl Param {
@@ -118,6 +120,7 @@ impl Param {
             Param::Sm100Stage2 => size_of::<Sm100Params>(),
             Param::Tag => size_of::<u32>(),
             Param::Dense => size_of::<DenseParams>(),
+            Param::DenseTile => size_of::<DenseTileParams>(),
         }
     }
 }
@@ -380,6 +383,17 @@ pub const DENSE_STAGE1: Kernel = k(
     Targets::SM90A,
 );
 
+/// Dense mode's tile kernel for H = 64, D = 128 (`dense_wg`): stage 2
+/// over whole key tiles, one work item per CTA, after
+/// [`DENSE_STAGE1`]. Two resident CTAs per SM (128 registers).
+pub const DENSE_WG: Kernel = k(
+    "indexer_dense_bwd_wg_h64_d128",
+    Param::DenseTile,
+    DENSE_TILE_THREADS,
+    Bounds::Max { min_ctas: 2 },
+    Targets::SM90A,
+);
+
 /// The wgmma row kernel for H = 32, D = 64 (`sm90`, the D = 64 body with
 /// the head tile's rows 32..63 padded): as [`SM90_WG`].
 pub const SM90_WG_H32_D64: Kernel = k(
@@ -538,7 +552,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 39] = [
+pub const KERNELS: [Kernel; 40] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -560,6 +574,7 @@ pub const KERNELS: [Kernel; 39] = [
     SM90_WG_H16_D64,
     SM90_WG_H128_D64,
     DENSE_STAGE1,
+    DENSE_WG,
     SMOKE,
     CEIL_MMA_K,
     CEIL_SCATTER_RED_K,

@@ -1,8 +1,9 @@
 //! Dense mode's device plan: on compute capability 9.0 it matches the f64
 //! dense reference on random problems (BSHD and packed batches, query
 //! offsets, key ratios, every H x D, f32 and bf16 outputs) with bitwise
-//! reproducible d_index_q and d_weights; every rejected call writes
-//! nothing.
+//! reproducible d_index_q and d_weights, and so does the tile kernel of
+//! H = 64, D = 128 on its own random problems (down to one key column),
+//! dK reproducible too; every rejected call writes nothing.
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use dsa_indexer_bwd::dense::{self, Inputs, Outputs, Plan};
@@ -254,6 +255,102 @@ fn dense_gpu_matches_the_reference_on_random_problems() {
             prop_assert!(same_bits(&a.grad_signal, &b.grad_signal));
             prop_assert!(same_bits(&a.d_index_q, &b.d_index_q));
             prop_assert_eq!(a.d_weights_bits, b.d_weights_bits);
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// A random shape for dense mode's tile kernel (H = 64, D = 128): BSHD
+/// or packed batches of 1-150 query rows over 1-400 keys (a single key,
+/// part of a key tile, odd row counts, empty packed batches), query offsets
+/// and ratios 1, 2 or 4.
+fn tile_shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> {
+    (
+        any::<bool>(),
+        1usize..=3,
+        1usize..=150,
+        1usize..=400,
+        prop::sample::select(vec![1usize, 2, 4]),
+        prop::collection::vec(-40i64..=300, 3),
+        any::<(bool, bool)>(),
+        any::<u64>(),
+    )
+        .prop_map(|(packed, b, sq, sk, ratio, off, (dk16, dw32), seed)| {
+            let shape = if packed {
+                // Batch i: sq - 7 i query rows (0 allowed past the first),
+                // sk - 30 i keys (at least 1).
+                let (mut cq, mut ck) = (vec![0], vec![0]);
+                for i in 0..b {
+                    cq.push(cq[i] + sq.saturating_sub(7 * i).max(usize::from(i == 0)));
+                    ck.push(ck[i] + sk.saturating_sub(30 * i).max(1));
+                }
+                dense::Shape::varlen(cq, ck, 64, 128)
+            } else {
+                dense::Shape::bshd(b, sq, sk, 64, 128)
+            };
+            let opts = Options {
+                sm_scale: 0.25,
+                d_index_k: if dk16 {
+                    GradDtype::Bf16
+                } else {
+                    GradDtype::F32
+                },
+                d_weights: if dw32 {
+                    GradDtype::F32
+                } else {
+                    GradDtype::Bf16
+                },
+                ..Options::default()
+            };
+            (
+                shape.with_q_offset(off[..b].to_vec()).with_ratio(ratio),
+                opts,
+                seed,
+            )
+        })
+}
+
+/// 40 random problems on dense mode's tile kernel against the f64 dense
+/// reference (`compare_dense`), each run twice with every output bitwise
+/// equal (the kernel writes dK once per key, in a fixed order, so dK is
+/// reproducible too), and with no workspace for a bf16 d_index_k.
+#[test]
+fn dense_tiles_match_the_reference_on_random_problems() {
+    let Some(ctx) = gpu("dense_tiles_match_the_reference_on_random_problems") else {
+        return;
+    };
+    let stream = ctx.default_stream();
+    if ctx.compute_capability().unwrap() != (9, 0) {
+        return;
+    }
+    let mut runner = TestRunner::new(Config {
+        cases: 40,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&tile_shape_strategy(), |(shape, opts, seed)| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.05);
+            let plan = Plan::new(&ctx, shape, opts).unwrap();
+            prop_assert!(plan.on_gpu(), "{:?}", p.shape);
+            prop_assert_eq!(plan.workspace_bytes(), 0);
+            let mut d = DenseDevice::upload(&stream, &p, 0);
+            d.execute(&plan, &stream, p.loss_coeff).unwrap();
+            let a = d.download(&stream, &opts);
+            let e = compare_dense(&p, &a, CONTINUOUS_FLOORS).map_err(TestCaseError::fail)?;
+            println!("{:?} ratio {}: {e:?}", p.shape.layout, p.shape.ratio);
+            d.reset_logits(&stream, &p);
+            d.execute(&plan, &stream, p.loss_coeff).unwrap();
+            let b = d.download(&stream, &opts);
+            prop_assert!(same_bits(&a.grad_signal, &b.grad_signal));
+            prop_assert!(same_bits(&a.d_index_q, &b.d_index_q));
+            prop_assert_eq!(a.d_weights_bits, b.d_weights_bits);
+            prop_assert!(a
+                .d_index_k
+                .iter()
+                .zip(&b.d_index_k)
+                .all(|(x, y)| x.to_bits() == y.to_bits()));
             Ok(())
         })
         .unwrap();

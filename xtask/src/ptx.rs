@@ -424,6 +424,7 @@ fn dynamic_smem(kernel: &str) -> String {
         Param::Smoke => kernels_gpu::abi::SMOKE_SMEM_BYTES,
         Param::Tag => kernels_gpu::abi::WATCHDOG_PROBE_SMEM,
         Param::Dense => kernels_gpu::abi::DENSE_STAGE1_SMEM,
+        Param::DenseTile => kernels_gpu::dense_wg::SMEM.bytes,
         Param::Grad if *k == registry::STAGE1 || *k == registry::STAGE1_D64 => {
             kernels_gpu::abi::STAGE1_SMEM
         }

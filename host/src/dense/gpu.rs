@@ -1,18 +1,21 @@
-//! Dense mode on the GPU, through the sparse path's Hopper kernels: a
-//! dense stage 1 (`indexer_dense_score_grad`: the score gradient of the
-//! raw scores over each row's visible columns, written over
-//! `index_score`, the zeroed dK accumulator, the chunk counts), then the
-//! wgmma kernels of the equivalent sparse problem as its programmatic
-//! dependents: one batch of `rows` query rows, `topk = cols` slots per
-//! row, slot `j` holding key `j` of the row's batch for `j < L` and
-//! padding beyond, with grad_signal read from `index_score`.
-//!
-//! The ids of that problem depend on the shape alone, so the plan builds
-//! them once, on the host, and keeps them on the device (4 bytes per
-//! score element, [`MAX_GPU_SCORES`]). This is an interim kernel design:
-//! every visible (row, key) pair still gathers its K row and reduces its
-//! dK row, where a dense kernel would load K tiles whole and reduce dK
-//! once per key tile.
+//! Dense mode on the GPU: dense stage 1 (`indexer_dense_score_grad`: the
+//! score gradient of the raw scores over each row's visible columns,
+//! written over `index_score`), then stage 2 as its programmatic
+//! dependent, by one of two strategies:
+//! - **tiles** (H = 64, D = 128): dense mode's own kernel
+//!   (`kernels_gpu::dense_wg`): K and q tiles loaded whole, dQ and
+//!   d_weights per row item, dK per key item, each output written once;
+//!   the plan holds the work items and visible counts (about 40 bytes per
+//!   query row).
+//! - **sparse** (other shapes): the wgmma kernels of the equivalent sparse
+//!   problem: one batch of `rows` query rows, `topk = cols` slots per
+//!   row, slot `j` holding key `j` of the row's batch for `j < L` and
+//!   padding beyond, with grad_signal read from `index_score`. Its ids
+//!   depend on the shape alone, so the plan builds them once and keeps
+//!   them on the device (4 bytes per score element, [`MAX_GPU_SCORES`]);
+//!   every visible (row, key) pair gathers its K row and reduces its dK
+//!   row. Stage 1 also zeroes the dK accumulator and writes the chunk
+//!   counts for it.
 
 use super::shape::Shape;
 use crate::cpu::try_vec;
@@ -24,9 +27,10 @@ use crate::select::{select, PathKind};
 use crate::shape::{Backend, GradDtype, Options, Shape as SparseShape};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use kernels_gpu::abi::{
-    DenseParams, GradParams, DENSE_STAGE1_SMEM, DENSE_STAGE1_THREADS, FLAG_DW_F32, FLAG_ROW_CHUNKS,
+    DenseParams, DenseTileParams, GradParams, DENSE_STAGE1_SMEM, DENSE_STAGE1_THREADS,
+    DENSE_TILE_THREADS, FLAG_DK_BF16, FLAG_DW_F32, FLAG_ROW_CHUNKS,
 };
-use kernels_gpu::registry::DENSE_STAGE1;
+use kernels_gpu::registry::{DENSE_STAGE1, DENSE_WG};
 use std::sync::Arc;
 
 /// The most score elements (`rows x cols`) a plan runs on the GPU: its
@@ -52,20 +56,39 @@ pub(super) struct Ptrs {
     pub ws: u64,
 }
 
-/// The GPU half of a dense plan: the loaded kernels and the shape's key
-/// ids and visible counts on the device.
+/// The GPU half of a dense plan: the loaded kernels, each row's visible
+/// count on the device, and the stage-2 strategy.
 pub(super) struct DenseGpu {
     stage1: CudaFunction,
-    wgmma: Wgmma,
-    cast: Cast,
-    /// The equivalent sparse shape the wgmma kernels run.
-    sparse: SparseShape,
-    /// `(rows, cols)` global key ids: `key_start + j` for `j < L`, -1 beyond.
-    ids: CudaSlice<i32>,
     /// `(rows,)` visible counts `L`.
     visible: CudaSlice<u32>,
-    /// Whether stage 1 writes chunk counts (`FLAG_ROW_CHUNKS`).
-    row_chunks: bool,
+    rows: usize,
+    cols: usize,
+    heads: usize,
+    /// Elements of `d_index_k`.
+    k_len: usize,
+    stage2: Stage2,
+}
+
+/// How stage 2 runs (module note).
+enum Stage2 {
+    /// Dense mode's tile kernel on the plan's work items.
+    Tiles {
+        kernel: CudaFunction,
+        items: CudaSlice<u32>,
+        n_items: u32,
+    },
+    /// The sparse path's wgmma kernels on the equivalent sparse problem.
+    Sparse {
+        wgmma: Wgmma,
+        cast: Cast,
+        /// The equivalent sparse shape.
+        sparse: SparseShape,
+        /// `(rows, cols)` global key ids: `key_start + j` for `j < L`, -1 beyond.
+        ids: CudaSlice<i32>,
+        /// Whether stage 1 writes chunk counts (`FLAG_ROW_CHUNKS`).
+        row_chunks: bool,
+    },
 }
 
 /// The sparse problem a dense `shape` runs as.
@@ -82,51 +105,83 @@ fn sparse_shape(shape: &Shape) -> SparseShape {
 
 impl DenseGpu {
     /// The GPU half for `shape` on `ctx`, or `None` where it does not run:
-    /// a GPU other than compute capability 9.0 (the wgmma kernels are in
-    /// the `sm_90a` module only), 64 columns or fewer, more than
-    /// [`MAX_GPU_SCORES`] score elements, or a sparse shape the wgmma path
-    /// does not take.
+    /// a GPU other than compute capability 9.0 (the kernels are in the
+    /// `sm_90a` module only), or a shape other than H = 64, D = 128 that
+    /// the sparse strategy does not take (64 columns or fewer, more than
+    /// [`MAX_GPU_SCORES`] score elements, or outside the wgmma path).
     pub(super) fn new(ctx: &Arc<CudaContext>, shape: &Shape) -> Result<Option<DenseGpu>> {
         let sparse = sparse_shape(shape);
         let (rows, cols) = (shape.rows(), shape.score_cols());
-        if rows.saturating_mul(cols) > MAX_GPU_SCORES || sparse.validate().is_err() {
-            return Ok(None);
-        }
         let (major, minor) = ctx.compute_capability()?;
         let Ok(sel) = select(major, minor, &sparse, Backend::Hopper) else {
             return Ok(None);
         };
-        let Ok(PathKind::Sm90 { row, paired }) = PathKind::choose(&sel, &sparse) else {
-            return Ok(None);
+        let tiles = (major, minor) == (9, 0) && shape.heads == 64 && shape.head_dim == 128;
+        let stream = ctx.default_stream();
+        let (stage2, visible) = if tiles {
+            let module = sel.module.load(ctx)?;
+            let kernel = module.load_function(DENSE_WG.name)?;
+            gpu::set_dynamic_smem(&kernel, kernels_gpu::dense_wg::SMEM.bytes)?;
+            let (items, visible) = super::tiles::items(shape)?;
+            let n_items = items.len() as u32;
+            let flat: Vec<u32> = items.into_iter().flatten().collect();
+            let items = stream.clone_htod(&flat)?;
+            let stage2 = Stage2::Tiles {
+                kernel,
+                items,
+                n_items,
+            };
+            (stage2, visible)
+        } else {
+            if rows.saturating_mul(cols) > MAX_GPU_SCORES || sparse.validate().is_err() {
+                return Ok(None);
+            }
+            let Ok(PathKind::Sm90 { row, paired }) = PathKind::choose(&sel, &sparse) else {
+                return Ok(None);
+            };
+            let module = sel.module.load(ctx)?;
+            let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired)?;
+            let cast = Cast::new(&module)?;
+            let (ids, visible) = key_ids(shape)?;
+            let stage2 = Stage2::Sparse {
+                wgmma,
+                cast,
+                row_chunks: sm90_path::row_chunks(&sparse),
+                sparse,
+                ids: stream.clone_htod(&ids)?,
+            };
+            (stage2, visible)
         };
         let module = sel.module.load(ctx)?;
         let stage1 = module.load_function(DENSE_STAGE1.name)?;
-        let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired)?;
-        let cast = Cast::new(&module)?;
-        let (ids, visible) = key_ids(shape)?;
-        let stream = ctx.default_stream();
-        let ids = stream.clone_htod(&ids)?;
         let visible = stream.clone_htod(&visible)?;
         stream.synchronize()?;
         Ok(Some(DenseGpu {
             stage1,
-            wgmma,
-            cast,
-            row_chunks: sm90_path::row_chunks(&sparse),
-            sparse,
-            ids,
             visible,
+            rows,
+            cols,
+            heads: shape.heads,
+            k_len: shape.k_len(),
+            stage2,
         }))
     }
 
-    /// Launches stage 1, the wgmma kernels and (bf16 `d_index_k`) the
-    /// cast on `stream`.
+    /// Whether `execute` needs the f32 dK workspace for a bf16
+    /// `d_index_k` (the sparse strategy accumulates in it; the tile
+    /// kernel writes dK once, in its type).
+    pub(super) fn needs_workspace(&self) -> bool {
+        matches!(self.stage2, Stage2::Sparse { .. })
+    }
+
+    /// Launches stage 1 and stage 2 (and, sparse strategy with a bf16
+    /// `d_index_k`, the cast) on `stream`.
     ///
     /// # Safety
     /// `p` passed the dense plan's checks for the shape this was built for
     /// (lengths, alignment, contexts, overlaps, workspace), on `stream`'s
     /// context, and `p.ws` holds the f32 accumulator when `d_index_k` is
-    /// bf16.
+    /// bf16 and [`DenseGpu::needs_workspace`].
     pub(super) unsafe fn launch(
         &self,
         stream: &CudaStream,
@@ -134,22 +189,13 @@ impl DenseGpu {
         opts: &Options,
         loss_coeff: f32,
     ) -> Result<()> {
-        let s = &self.sparse;
-        let accum = match opts.d_index_k {
-            GradDtype::F32 => p.dk,
-            GradDtype::Bf16 => p.ws,
-        };
         let mut flags = 0;
         if opts.d_weights == GradDtype::F32 {
             flags |= FLAG_DW_F32;
         }
-        if self.row_chunks {
-            flags |= FLAG_ROW_CHUNKS;
-        }
-        let coeff = (loss_coeff as f64 / s.seq_q as f64) as f32;
-        let (ids, _g1) = self.ids.device_ptr(stream);
-        let (visible, _g2) = self.visible.device_ptr(stream);
-        let d = DenseParams {
+        let coeff = (loss_coeff as f64 / self.rows as f64) as f32;
+        let (visible, _g1) = self.visible.device_ptr(stream);
+        let mut d = DenseParams {
             attn_score: p.attn,
             attn_l1norm: p.l1,
             index_score: p.score,
@@ -157,57 +203,130 @@ impl DenseGpu {
             grad_loss: p.grad_loss,
             visible,
             d_weights: p.dw,
-            dk_accum: accum,
-            dk_len: s.k_len() as u64,
-            rows: s.seq_q as u32,
-            cols: s.topk as u32,
+            dk_accum: 0,
+            dk_len: 0,
+            rows: self.rows as u32,
+            cols: self.cols as u32,
             coeff,
             flags,
-            heads: s.heads as u32,
+            heads: self.heads as u32,
             _pad: 0,
         };
-        // Stage 2 reads grad_signal where stage 1 wrote it (`index_score`)
-        // and the plan's key ids; it never reads `index_score` as scores.
-        let g = GradParams {
-            index_q: p.q,
-            weights: p.w,
-            index_k: p.k,
-            attn_score: p.score,
-            index_score: p.score,
-            topk_indices: ids,
-            grad_loss: p.grad_loss,
-            d_index_q: p.dq,
-            d_weights: p.dw,
-            dk_accum: accum,
-            batch: 1,
-            seq_q: s.seq_q as u32,
-            seq_k: s.seq_k as u32,
-            topk: s.topk as u32,
-            sm_scale: opts.sm_scale,
-            coeff,
-            flags,
-            heads: s.heads as u32,
-        };
-        // SAFETY: stage 1's launch contract: one CTA of
-        // DENSE_STAGE1_THREADS per row with DENSE_STAGE1_SMEM bytes, the
-        // buffers of `d` checked (rows x cols scores, per-row inputs, the
-        // accumulator of k_len f32, 16-byte aligned), `visible[r] <= cols`
-        // by construction, FLAG_ROW_CHUNKS only as the sparse path sets
-        // it. Then the wgmma kernels of the sparse shape on the same
-        // buffers (ids of the plan: valid key rows or -1), as stage 1's
-        // programmatic dependents, and the cast of the checked workspace.
-        unsafe {
-            gpu::launch(
-                stream,
-                &self.stage1,
-                s.seq_q as u32,
-                DENSE_STAGE1_THREADS,
-                DENSE_STAGE1_SMEM,
-                &d,
-            )?;
-            self.wgmma.launch_stage2(stream, g)?;
-            if opts.d_index_k == GradDtype::Bf16 {
-                self.cast.launch(stream, s, p.ws, p.dk)?;
+        match &self.stage2 {
+            Stage2::Tiles {
+                kernel,
+                items,
+                n_items,
+            } => {
+                let (items, _g2) = items.device_ptr(stream);
+                if opts.d_index_k == GradDtype::Bf16 {
+                    flags |= FLAG_DK_BF16;
+                }
+                let t = DenseTileParams {
+                    index_q: p.q,
+                    weights: p.w,
+                    index_k: p.k,
+                    grad_signal: p.score,
+                    visible,
+                    items,
+                    d_index_q: p.dq,
+                    d_weights: p.dw,
+                    d_index_k: p.dk,
+                    n_items: *n_items,
+                    cols: self.cols as u32,
+                    sm_scale: opts.sm_scale,
+                    flags,
+                };
+                // SAFETY: stage 1's launch contract: one CTA of
+                // DENSE_STAGE1_THREADS per row with DENSE_STAGE1_SMEM
+                // bytes, the buffers of `d` checked, `visible[r] <= cols`
+                // by construction, no accumulator, no chunk counts. Then
+                // the tile kernel as its programmatic dependent (it waits
+                // before reading grad_signal): the plan's items for this
+                // shape, checked buffers, one CTA per item.
+                unsafe {
+                    gpu::launch(
+                        stream,
+                        &self.stage1,
+                        self.rows as u32,
+                        DENSE_STAGE1_THREADS,
+                        DENSE_STAGE1_SMEM,
+                        &d,
+                    )?;
+                    if *n_items > 0 {
+                        gpu::launch_pdl(
+                            stream,
+                            kernel,
+                            *n_items,
+                            DENSE_TILE_THREADS,
+                            kernels_gpu::dense_wg::SMEM.bytes,
+                            &t,
+                        )?;
+                    }
+                }
+            }
+            Stage2::Sparse {
+                wgmma,
+                cast,
+                sparse: s,
+                ids,
+                row_chunks,
+            } => {
+                let accum = match opts.d_index_k {
+                    GradDtype::F32 => p.dk,
+                    GradDtype::Bf16 => p.ws,
+                };
+                if *row_chunks {
+                    flags |= FLAG_ROW_CHUNKS;
+                }
+                d.flags = flags;
+                d.dk_accum = accum;
+                d.dk_len = self.k_len as u64;
+                let (ids, _g2) = ids.device_ptr(stream);
+                // Stage 2 reads grad_signal where stage 1 wrote it
+                // (`index_score`) and the plan's key ids; it never reads
+                // `index_score` as scores.
+                let g = GradParams {
+                    index_q: p.q,
+                    weights: p.w,
+                    index_k: p.k,
+                    attn_score: p.score,
+                    index_score: p.score,
+                    topk_indices: ids,
+                    grad_loss: p.grad_loss,
+                    d_index_q: p.dq,
+                    d_weights: p.dw,
+                    dk_accum: accum,
+                    batch: 1,
+                    seq_q: s.seq_q as u32,
+                    seq_k: s.seq_k as u32,
+                    topk: s.topk as u32,
+                    sm_scale: opts.sm_scale,
+                    coeff,
+                    flags,
+                    heads: s.heads as u32,
+                };
+                // SAFETY: stage 1's launch contract as above, with the
+                // accumulator of k_len f32 (16-byte aligned) and
+                // FLAG_ROW_CHUNKS only as the sparse path sets it. Then
+                // the wgmma kernels of the sparse shape on the same
+                // buffers (ids of the plan: valid key rows or -1), as
+                // stage 1's programmatic dependents, and the cast of the
+                // checked workspace.
+                unsafe {
+                    gpu::launch(
+                        stream,
+                        &self.stage1,
+                        self.rows as u32,
+                        DENSE_STAGE1_THREADS,
+                        DENSE_STAGE1_SMEM,
+                        &d,
+                    )?;
+                    wgmma.launch_stage2(stream, g)?;
+                    if opts.d_index_k == GradDtype::Bf16 {
+                        cast.launch(stream, s, p.ws, p.dk)?;
+                    }
+                }
             }
         }
         Ok(())

@@ -78,6 +78,7 @@ mod oneshot;
 mod plan;
 mod raw;
 mod shape;
+mod tiles;
 
 pub use gpu::MAX_GPU_SCORES;
 pub use oneshot::{run, run_with_progress};

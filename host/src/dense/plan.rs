@@ -56,12 +56,15 @@ pub struct Outputs<'a> {
 /// A dense backward plan for one [`Shape`] and [`Options`] on one CUDA
 /// context.
 ///
-/// On compute capability 9.0 (H100, H200), with more than 64 key columns
-/// and at most [`super::MAX_GPU_SCORES`] score elements, [`Plan::execute`]
-/// runs dense mode's stage 1 and then the sparse path's wgmma kernels on
-/// the equivalent sparse problem (`topk` = the key columns; see
-/// [`Plan::on_gpu`]). The plan builds that problem's key ids once and
-/// holds them on the device: 4 bytes per score element, plus 4 per row.
+/// On compute capability 9.0 (H100, H200), [`Plan::execute`] runs dense
+/// mode's stage 1 and then stage 2: for H = 64, D = 128 dense mode's own
+/// tile kernel (K and q tiles loaded whole, each output written once; the
+/// plan holds its work items, about 40 bytes per query row); for the other
+/// shapes, with more than 64 key columns and at most
+/// [`super::MAX_GPU_SCORES`] score elements, the sparse path's wgmma
+/// kernels on the equivalent sparse problem (`topk` = the key columns),
+/// whose key ids the plan builds once and holds on the device (4 bytes
+/// per score element, plus 4 per row). See [`Plan::on_gpu`].
 /// Elsewhere `execute` makes every check and returns
 /// [`Error::NotImplemented`] without writing anything; use
 /// [`super::cpu::execute`] or [`super::run`] (host data) there.
@@ -80,7 +83,7 @@ pub struct Plan {
 impl Plan {
     /// Checks the shape envelope ([`Shape::validate`]) and the options'
     /// scalars, binds the plan to `ctx` and, where the GPU path runs,
-    /// loads its kernels and uploads the shape's key ids (synchronously,
+    /// loads its kernels and uploads the shape's work items or key ids (synchronously,
     /// on the context's default stream).
     pub fn new(ctx: &Arc<CudaContext>, shape: Shape, opts: Options) -> Result<Plan> {
         shape.validate()?;
@@ -111,12 +114,14 @@ impl Plan {
     }
 
     /// Device workspace `execute` needs: the f32 accumulator of
-    /// `d_index_k` when that output is bf16, zero otherwise (as in the
-    /// sparse plan).
+    /// `d_index_k` when that output is bf16 and stage 2 accumulates (every
+    /// shape but H = 64, D = 128, whose tile kernel writes dK once in its
+    /// type), zero otherwise.
     pub fn workspace_bytes(&self) -> usize {
+        let accumulates = self.gpu.as_ref().is_none_or(|g| g.needs_workspace());
         match self.opts.d_index_k {
-            GradDtype::F32 => 0,
-            GradDtype::Bf16 => self.shape.k_len() * 4,
+            GradDtype::Bf16 if accumulates => self.shape.k_len() * 4,
+            _ => 0,
         }
     }
 

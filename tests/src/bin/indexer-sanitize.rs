@@ -260,10 +260,10 @@ fn main() {
     println!("indexer-sanitize: {} cases ok", cases.len() + dense.len());
 }
 
-/// Dense mode's cases: its stage 1, then the wgmma kernels of the
-/// equivalent sparse problem (H = 64, D = 128: the paired kernel computes,
-/// the dense rows sharing their keys; bf16 dK: the cast), and a packed
-/// batch with offsets and ratio 2 on H = 16, D = 64.
+/// Dense mode's cases: its stage 1, then at H = 64, D = 128 dense mode's
+/// tile kernel (BSHD with bf16 dK; packed with an odd batch, offsets,
+/// ratio 2 and f32 outputs), and on H = 16, D = 64 the wgmma kernels of
+/// the equivalent sparse problem (packed, offsets, ratio 2).
 fn dense_cases() -> Vec<(&'static str, DenseProblem)> {
     let bf16_dk = Options {
         sm_scale: 0.5,
@@ -277,9 +277,16 @@ fn dense_cases() -> Vec<(&'static str, DenseProblem)> {
     };
     let cases = [
         (
-            "dense stage1 + wgmma H=64 D=128 (BSHD, offsets) + cast",
+            "dense stage1 + tiles H=64 D=128 (BSHD, offsets, bf16 dK)",
             dense::Shape::bshd(2, 40, 130, 64, 128).with_q_offset(vec![0, 50]),
             bf16_dk,
+        ),
+        (
+            "dense stage1 + tiles H=64 D=128 (packed, odd batch, offsets, ratio 2)",
+            dense::Shape::varlen(vec![0, 33, 50], vec![0, 150, 200], 64, 128)
+                .with_q_offset(vec![100, -3])
+                .with_ratio(2),
+            f32_all,
         ),
         (
             "dense stage1 + wgmma H=16 D=64 (packed, offsets, ratio 2)",

@@ -1,0 +1,161 @@
+//! The work items of dense mode's tile kernel (`kernels_gpu::dense_wg`,
+//! H = 64, D = 128): one item per CTA, in the encoding of
+//! `kernels_gpu::abi::DENSE_ITEM_*`, ordered longest first so that the
+//! last CTAs to start are the short ones.
+//!
+//! Per batch: a row item per pair of adjacent query rows (the last alone
+//! when the batch has an odd count) and a key item per 128 keys, whose
+//! rows are every row of the batch that sees one of its keys (visibility
+//! grows with the row, so they are a suffix of the batch).
+
+use super::shape::Shape;
+use crate::cpu::try_vec;
+use crate::error::Result;
+use kernels_gpu::abi::{DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS};
+use kernels_gpu::dense_wg::{ITEM_KEYS, ITEM_ROWS, TILE_KEYS};
+
+/// One item's words.
+pub(super) type Item = [u32; DENSE_ITEM_WORDS];
+
+/// The items of `shape` (validated), longest first, and each row's
+/// visible key count.
+pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, Vec<u32>)> {
+    let mut visible = try_vec(shape.rows(), 0u32, "dense visible counts")?;
+    // (work, item): work in steps of both warpgroups (a key tile of a row
+    // item, a query row of a key item).
+    let mut work: Vec<(u64, Item)> = Vec::new();
+    let (mut row0, mut key0) = (0usize, 0usize);
+    for b in 0..shape.batch() {
+        let (nq, nk) = (shape.seq_q_of(b), shape.seq_k_of(b));
+        let vis = |s: usize| shape.visible(b, s);
+        for s in 0..nq {
+            visible[row0 + s] = vis(s) as u32;
+        }
+        for s in (0..nq).step_by(ITEM_ROWS as usize) {
+            let n = (nq - s).min(ITEM_ROWS as usize);
+            let tiles = vis(s + n - 1).div_ceil(TILE_KEYS as usize);
+            let item = [
+                DENSE_ITEM_ROWS,
+                (row0 + s) as u32,
+                n as u32,
+                key0 as u32,
+                tiles as u32,
+                0,
+                0,
+                0,
+            ];
+            work.push((tiles as u64, item));
+        }
+        for col0 in (0..nk).step_by(ITEM_KEYS as usize) {
+            let n = (nk - col0).min(ITEM_KEYS as usize);
+            let first = first_seeing(nq, |s| vis(s) > col0);
+            let item = [
+                DENSE_ITEM_KEYS,
+                key0 as u32,
+                col0 as u32,
+                n as u32,
+                (row0 + first) as u32,
+                (row0 + nq) as u32,
+                0,
+                0,
+            ];
+            work.push(((nq - first) as u64, item));
+        }
+        row0 += nq;
+        key0 += nk;
+    }
+    // Stable: equal work keeps the batch order.
+    work.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok((work.into_iter().map(|(_, i)| i).collect(), visible))
+}
+
+/// The first `s < n` with `sees(s)` (`n` if none), for `sees` false then
+/// true along `s`: a binary search.
+fn first_seeing(n: usize, sees: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if sees(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every (row, key) pair a row sees is covered by exactly one row item
+    /// and one key item, every row and key has its item, and the order is
+    /// longest first.
+    #[test]
+    fn items_cover_every_visible_pair_once_each_way() {
+        let shapes = [
+            Shape::bshd(2, 7, 300, 64, 128),
+            Shape::bshd(1, 130, 129, 64, 128)
+                .with_q_offset(vec![-5])
+                .with_ratio(2),
+            Shape::varlen(vec![0, 3, 3, 200], vec![0, 1, 129, 400], 64, 128)
+                .with_q_offset(vec![0, 4, 100]),
+        ];
+        for shape in shapes {
+            let (items, visible) = items(&shape).unwrap();
+            let (rows, keys) = (shape.rows(), shape.key_rows());
+            let mut row_seen = vec![0; rows];
+            let mut key_seen = vec![0; keys];
+            let mut pairs_by_rows = std::collections::HashSet::new();
+            let mut pairs_by_keys = std::collections::HashSet::new();
+            let mut last = u64::MAX;
+            for it in &items {
+                let w = match it[0] {
+                    DENSE_ITEM_ROWS => {
+                        let (r0, n, ks, tiles) = (it[1] as usize, it[2] as usize, it[3], it[4]);
+                        assert!(n == 1 || n == 2);
+                        for r in r0..r0 + n {
+                            row_seen[r] += 1;
+                            let row = shape.row(r);
+                            assert_eq!(row.key_start as u32, ks, "one batch per item");
+                            assert!(row.visible <= 64 * tiles as usize);
+                            for j in 0..row.visible {
+                                assert!(pairs_by_rows.insert((r, row.key_start + j)));
+                            }
+                        }
+                        tiles as u64
+                    }
+                    DENSE_ITEM_KEYS => {
+                        let (ks, c0, n) = (it[1] as usize, it[2] as usize, it[3] as usize);
+                        let (rb, re) = (it[4] as usize, it[5] as usize);
+                        assert!((1..=128).contains(&n));
+                        for key in ks + c0..ks + c0 + n {
+                            key_seen[key] += 1;
+                        }
+                        for r in rb..re {
+                            let row = shape.row(r);
+                            assert_eq!(row.key_start, ks);
+                            for j in c0..(c0 + n).min(row.visible) {
+                                assert!(pairs_by_keys.insert((r, ks + j)));
+                            }
+                        }
+                        // Rows before rb see none of the keys.
+                        if rb > 0 && shape.row(rb - 1).key_start == ks {
+                            assert!(shape.row(rb - 1).visible <= c0);
+                        }
+                        (re - rb) as u64
+                    }
+                    k => panic!("kind {k}"),
+                };
+                assert!(w <= last, "longest first");
+                last = w;
+            }
+            assert!(row_seen.iter().all(|&n| n == 1));
+            assert!(key_seen.iter().all(|&n| n == 1));
+            assert_eq!(pairs_by_rows, pairs_by_keys);
+            let total: usize = (0..rows).map(|r| shape.row(r).visible).sum();
+            assert_eq!(pairs_by_rows.len(), total);
+            assert!((0..rows).all(|r| visible[r] as usize == shape.row(r).visible));
+        }
+    }
+}

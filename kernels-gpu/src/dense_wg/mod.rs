@@ -1,0 +1,211 @@
+//! Dense mode's tile kernel (sm_90a, H = 64, D = 128): stage 2 of the
+//! dense indexer backward over whole key tiles, with no key ids, no
+//! gathers and no dK reductions. It runs after dense stage 1
+//! (`crate::dense`), which wrote grad_signal over `index_score`.
+//!
+//! Every CTA (two warpgroups) takes one work item (`abi::DENSE_ITEM_*`,
+//! built by the host longest first):
+//! - a **row item** (`rows`): one query row per warpgroup. The CTA walks
+//!   the rows' visible keys in tiles of 64 (loaded once for both rows):
+//!   S = q K^T (64 heads x 64 keys), the elementwise gate (dS and the
+//!   d_weights sums) in registers, dQ += dS K with dS as the register A
+//!   operand. dQ and d_weights are written once, at the end.
+//! - a **key item** (`keys`): 64 keys per warpgroup. The CTA walks every
+//!   query row that sees them (q tile loaded once for both warpgroups):
+//!   S^T = K q^T (64 keys x 64 heads), the same gate transposed, and
+//!   dK += dS^T q. dK is written once, at the end, in its output type.
+//!
+//! So each (row, key) pair's logits are computed twice (once per kind);
+//! in exchange nothing is reduced across CTAs and every output is written
+//! once, in a fixed order (bitwise reproducible, dK included).
+//!
+//! Operand tiles are 64 rows x 128 bf16 stored as two 1024-byte aligned
+//! 128-byte-swizzle blocks of 64 columns (`crate::sm90::swizzle`): q of a
+//! row (rows = heads), K of 64 keys (rows = keys). The same bytes serve as
+//! a K-major operand of S and as the MN-major B operand of dQ / dK.
+//! Shared memory ([`Layout`]): two fixed tiles (row item: the two rows'
+//! q; key item: the two warpgroups' K) and a ring of [`STAGES`] streamed
+//! tiles (K tiles, or q tiles of successive rows) with their per-tile
+//! scalars (grad_signal, and the key item's weights).
+
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod entry;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod gate;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod keys;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod load;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod rows;
+
+use crate::abi::DENSE_TILE_THREADS;
+
+/// Heads H: one M = 64 tile.
+pub const HEADS: u32 = 64;
+/// Head dimension D.
+pub const DIM: u32 = 128;
+/// Keys per warpgroup tile (N of S, K of dQ).
+pub const TILE_KEYS: u32 = 64;
+/// Warpgroups per CTA.
+pub const WARPGROUPS: u32 = DENSE_TILE_THREADS / 128;
+/// Keys of one key item (every warpgroup's tile).
+pub const ITEM_KEYS: u32 = WARPGROUPS * TILE_KEYS;
+/// Query rows of one row item (one per warpgroup).
+pub const ITEM_ROWS: u32 = WARPGROUPS;
+/// Bytes of one swizzle row (64 bf16).
+pub const ROW_BYTES: u32 = 128;
+/// Bytes of a 64-column swizzle block of a tile.
+pub const BLOCK_BYTES: u32 = 64 * ROW_BYTES;
+/// Bytes of one operand tile: 64 rows x D.
+pub const TILE_BYTES: u32 = DIM / 64 * BLOCK_BYTES;
+/// Bytes between groups of eight rows of a swizzle block.
+pub const ATOM_BYTES: u32 = 8 * ROW_BYTES;
+/// Bytes of a bf16 row of D in global memory.
+pub const GLOBAL_ROW_BYTES: u32 = DIM * 2;
+/// Streamed tiles in flight.
+pub const STAGES: u32 = 2;
+/// Bytes of a stage's grad_signal: a row item's rows x 64 keys, or a key
+/// item's 128 keys, f32.
+pub const GS_BYTES: u32 = 4 * ITEM_KEYS;
+/// Bytes of a key item's weights of one row (64 bf16).
+pub const W_BYTES: u32 = 2 * HEADS;
+/// Resident CTAs per SM the launch bounds ask for.
+pub const CTAS_PER_SM: u32 = 2;
+
+const _: () = assert!(GS_BYTES >= 4 * ITEM_ROWS * TILE_KEYS);
+const _: () = assert!(DIM.is_multiple_of(64) && HEADS == 64 && TILE_KEYS == 64);
+
+/// The shared-memory map (offsets from the 1024-aligned base).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The fixed tiles, one per warpgroup.
+    pub fixed: u32,
+    /// Stage 0 of the ring: its tile, then grad_signal, then weights.
+    pub ring: u32,
+    /// Bytes from one stage to the next (1024-aligned).
+    pub stage: u32,
+    /// grad_signal inside a stage.
+    pub gs: u32,
+    /// Weights inside a stage.
+    pub w: u32,
+    /// Bytes used from the aligned base.
+    pub used: u32,
+    /// Dynamic shared memory to launch with (used + alignment slack).
+    pub bytes: u32,
+}
+
+const fn align(x: u32, a: u32) -> u32 {
+    x.div_ceil(a) * a
+}
+
+/// The layout.
+pub const SMEM: Layout = {
+    let fixed = 0;
+    let ring = fixed + WARPGROUPS * TILE_BYTES;
+    let gs = TILE_BYTES;
+    let w = gs + GS_BYTES;
+    let stage = align(w + W_BYTES, 1024);
+    let used = ring + STAGES * stage;
+    Layout {
+        fixed,
+        ring,
+        stage,
+        gs,
+        w,
+        used,
+        bytes: used + 1024,
+    }
+};
+
+/// Shared memory of one H100/H200 SM and what the driver reserves per CTA.
+const SMEM_PER_SM: u32 = 228 * 1024;
+const _: () = assert!(CTAS_PER_SM * (SMEM.bytes + 1024) <= SMEM_PER_SM);
+const _: () = assert!(SMEM.ring.is_multiple_of(1024) && SMEM.stage.is_multiple_of(1024));
+const _: () = assert!(SMEM.gs.is_multiple_of(16) && SMEM.w.is_multiple_of(16));
+
+/// Shared-memory matrix descriptor of a 128-byte-swizzled tile starting at
+/// `start` (`crate::sm90::desc`): K-major operands (S) take `lbo` 16 (unused)
+/// and `sbo` [`ATOM_BYTES`]; the MN-major B operand (dQ, dK) takes `lbo`
+/// [`BLOCK_BYTES`] and `sbo` [`ATOM_BYTES`].
+pub const fn desc(start: u32, lbo: u32) -> u64 {
+    crate::sm90::desc(start, lbo, ATOM_BYTES)
+}
+
+/// Where element `(row, col)` of a tile at `base` lives.
+pub const fn tile_at(base: u32, row: u32, col: u32) -> u32 {
+    base + (col / 64) * BLOCK_BYTES + crate::sm90::swizzle(row, (col % 64) * 2)
+}
+
+/// Accumulator coordinates of an `m64n64` tile (`crate::ptx::wgmma`):
+/// register `r` of thread `t` of a warpgroup holds element `(row, col)`.
+pub const fn acc_at(t: u32, r: u32) -> (u32, u32) {
+    let (w, l) = (t / 32, t % 32);
+    let (j, i) = (r / 4, r % 4);
+    (16 * w + l / 4 + 8 * (i / 2), 8 * j + 2 * (l % 4) + i % 2)
+}
+
+/// A fragment coordinates of the `m64k16` register-A operand: 32-bit
+/// register `a` (of 4) of thread `t` holds the two bf16 at `(row, col)`
+/// and `(row, col + 1)` of its K step (PTX ISA, wgmma register fragments).
+pub const fn frag_at(t: u32, a: u32) -> (u32, u32) {
+    let (w, l) = (t / 32, t % 32);
+    (16 * w + l / 4 + 8 * (a % 2), 8 * (a / 2) + 2 * (l % 4))
+}
+
+/// Packs an `m64n64` accumulator (as bf16 pairs) into the register A
+/// operand of K = 64: K step `k` register `a` is accumulator registers
+/// `8k + 2a` and `8k + 2a + 1`, the same two elements ([`acc_at`],
+/// [`frag_at`]), so no data moves between threads.
+pub fn pack_a(acc: &[f32; 32], pack: impl Fn(f32, f32) -> u32) -> [u32; 16] {
+    let mut a = [0u32; 16];
+    let mut k = 0;
+    while k < 16 {
+        a[k] = pack(acc[2 * k], acc[2 * k + 1]);
+        k += 1;
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_accumulators_are_the_a_fragments_of_the_same_elements() {
+        for t in 0..128 {
+            for k in 0..4 {
+                for a in 0..4 {
+                    let (row, col) = frag_at(t, a);
+                    let r = 8 * k + 2 * a;
+                    assert_eq!(acc_at(t, r), (row, 16 * k + col));
+                    assert_eq!(acc_at(t, r + 1), (row, 16 * k + col + 1));
+                }
+            }
+        }
+        let acc: [f32; 32] = core::array::from_fn(|i| i as f32);
+        let a = pack_a(&acc, |lo, hi| (lo as u32) | (hi as u32) << 16);
+        assert_eq!(a[5], 10 | 11 << 16);
+    }
+
+    #[test]
+    fn layout_fits_two_ctas_and_aligns_tiles() {
+        assert_eq!(SMEM.ring, 2 * 16384);
+        assert_eq!(SMEM.stage, 17408);
+        assert!(SMEM.w + W_BYTES <= SMEM.stage);
+        assert_eq!(SMEM.bytes, 2 * 16384 + 2 * 17408 + 1024);
+    }
+
+    #[test]
+    fn tile_elements_are_distinct_and_inside_the_tile() {
+        let mut seen = std::vec![false; TILE_BYTES as usize / 2];
+        for row in 0..64 {
+            for col in 0..DIM {
+                let o = tile_at(0, row, col);
+                assert!(o < TILE_BYTES && o % 2 == 0);
+                assert!(!seen[o as usize / 2]);
+                seen[o as usize / 2] = true;
+            }
+        }
+    }
+}
