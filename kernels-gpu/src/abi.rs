@@ -146,10 +146,6 @@ pub struct DenseParams {
     pub _pad: u32,
 }
 
-/// `d_index_k` is bf16 (dense tile kernel: it writes dK directly, in the
-/// type this bit names; f32 without it).
-pub const FLAG_DK_BF16: u32 = 1 << 6;
-
 /// Parameter of dense mode's tile kernel (`indexer_dense_bwd_wg_h64_d128`):
 /// stage 2 over whole key tiles, after dense stage 1 wrote grad_signal
 /// over `index_score`. Its grid is one CTA per work item (`items`).
@@ -173,16 +169,16 @@ pub struct DenseTileParams {
     pub d_index_q: u64,
     /// `d_weights`, bf16 or f32 ([`FLAG_DW_F32`]) `(rows, 64)`.
     pub d_weights: u64,
-    /// `d_index_k`, f32 or bf16 ([`FLAG_DK_BF16`]) `(key rows, 128)`:
-    /// written once per key, never accumulated.
-    pub d_index_k: u64,
+    /// The f32 dK accumulator `(key rows, 128)`, 16-byte aligned, zeroed
+    /// by dense stage 1: each key item adds its sums once.
+    pub dk_accum: u64,
     /// Items (the grid).
     pub n_items: u32,
     /// Columns per row of grad_signal.
     pub cols: u32,
     /// `sm_scale`.
     pub sm_scale: f32,
-    /// [`FLAG_DW_F32`], [`FLAG_DK_BF16`].
+    /// [`FLAG_DW_F32`].
     pub flags: u32,
 }
 
@@ -196,8 +192,9 @@ pub const DENSE_ITEM_ROWS: u32 = 0;
 /// Item kind (word 0) of a key item: `[KEYS, key_start, col0, nkeys,
 /// row_begin, row_end, 0, 0]`: keys `col0..col0 + nkeys` (`nkeys <= 128`)
 /// of the batch whose key 0 is key row `key_start`, against the query rows
-/// `row_begin..row_end` of that batch (every row that sees one of them).
-/// It writes the keys' dK.
+/// `row_begin..row_end` of that batch (a run of at most
+/// `dense_wg::ITEM_MAX_ROWS` of the rows that see one of them). It adds
+/// the keys' dK sums over those rows to the accumulator, once.
 pub const DENSE_ITEM_KEYS: u32 = 1;
 /// Threads per CTA of the dense tile kernel (two warpgroups).
 pub const DENSE_TILE_THREADS: u32 = 256;

@@ -2,8 +2,8 @@
 //! dense reference on random problems (BSHD and packed batches, query
 //! offsets, key ratios, every H x D, f32 and bf16 outputs) with bitwise
 //! reproducible d_index_q and d_weights, and so does the tile kernel of
-//! H = 64, D = 128 on its own random problems (down to one key column),
-//! dK reproducible too; every rejected call writes nothing.
+//! H = 64, D = 128 on its own random problems (down to one key column);
+//! every rejected call writes nothing.
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use dsa_indexer_bwd::dense::{self, Inputs, Outputs, Plan};
@@ -311,9 +311,8 @@ fn tile_shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> 
 }
 
 /// 40 random problems on dense mode's tile kernel against the f64 dense
-/// reference (`compare_dense`), each run twice with every output bitwise
-/// equal (the kernel writes dK once per key, in a fixed order, so dK is
-/// reproducible too), and with no workspace for a bf16 d_index_k.
+/// reference (`compare_dense`), each run twice with bitwise-equal
+/// grad_signal, d_index_q and d_weights.
 #[test]
 fn dense_tiles_match_the_reference_on_random_problems() {
     let Some(ctx) = gpu("dense_tiles_match_the_reference_on_random_problems") else {
@@ -334,8 +333,7 @@ fn dense_tiles_match_the_reference_on_random_problems() {
             let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.05);
             let plan = Plan::new(&ctx, shape, opts).unwrap();
             prop_assert!(plan.on_gpu(), "{:?}", p.shape);
-            prop_assert_eq!(plan.workspace_bytes(), 0);
-            let mut d = DenseDevice::upload(&stream, &p, 0);
+            let mut d = DenseDevice::upload(&stream, &p, plan.workspace_bytes());
             d.execute(&plan, &stream, p.loss_coeff).unwrap();
             let a = d.download(&stream, &opts);
             let e = compare_dense(&p, &a, CONTINUOUS_FLOORS).map_err(TestCaseError::fail)?;
@@ -346,11 +344,6 @@ fn dense_tiles_match_the_reference_on_random_problems() {
             prop_assert!(same_bits(&a.grad_signal, &b.grad_signal));
             prop_assert!(same_bits(&a.d_index_q, &b.d_index_q));
             prop_assert_eq!(a.d_weights_bits, b.d_weights_bits);
-            prop_assert!(a
-                .d_index_k
-                .iter()
-                .zip(&b.d_index_k)
-                .all(|(x, y)| x.to_bits() == y.to_bits()));
             Ok(())
         })
         .unwrap();

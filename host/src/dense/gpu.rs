@@ -4,9 +4,9 @@
 //! dependent, by one of two strategies:
 //! - **tiles** (H = 64, D = 128): dense mode's own kernel
 //!   (`kernels_gpu::dense_wg`): K and q tiles loaded whole, dQ and
-//!   d_weights per row item, dK per key item, each output written once;
-//!   the plan holds the work items and visible counts (about 40 bytes per
-//!   query row).
+//!   d_weights written once per row, dK reduced once per key item (128
+//!   keys against a run of up to 256 rows); the plan holds the work items
+//!   and visible counts (about 30 bytes per query row).
 //! - **sparse** (other shapes): the wgmma kernels of the equivalent sparse
 //!   problem: one batch of `rows` query rows, `topk = cols` slots per
 //!   row, slot `j` holding key `j` of the row's batch for `j < L` and
@@ -14,8 +14,10 @@
 //!   depend on the shape alone, so the plan builds them once and keeps
 //!   them on the device (4 bytes per score element, [`MAX_GPU_SCORES`]);
 //!   every visible (row, key) pair gathers its K row and reduces its dK
-//!   row. Stage 1 also zeroes the dK accumulator and writes the chunk
-//!   counts for it.
+//!   row. Stage 1 also writes the chunk counts for it.
+//!
+//! Both accumulate dK in f32 (in `d_index_k`, or in the workspace and then
+//! cast when that is bf16), zeroed by stage 1.
 
 use super::shape::Shape;
 use crate::cpu::try_vec;
@@ -28,7 +30,7 @@ use crate::shape::{Backend, GradDtype, Options, Shape as SparseShape};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use kernels_gpu::abi::{
     DenseParams, DenseTileParams, GradParams, DENSE_STAGE1_SMEM, DENSE_STAGE1_THREADS,
-    DENSE_TILE_THREADS, FLAG_DK_BF16, FLAG_DW_F32, FLAG_ROW_CHUNKS,
+    DENSE_TILE_THREADS, FLAG_DW_F32, FLAG_ROW_CHUNKS,
 };
 use kernels_gpu::registry::{DENSE_STAGE1, DENSE_WG};
 use std::sync::Arc;
@@ -60,13 +62,12 @@ pub(super) struct Ptrs {
 /// count on the device, and the stage-2 strategy.
 pub(super) struct DenseGpu {
     stage1: CudaFunction,
+    cast: Cast,
     /// `(rows,)` visible counts `L`.
     visible: CudaSlice<u32>,
-    rows: usize,
-    cols: usize,
-    heads: usize,
-    /// Elements of `d_index_k`.
-    k_len: usize,
+    /// The equivalent sparse shape: the sparse strategy's problem, and the
+    /// sizes of both (rows, columns, heads, `d_index_k`).
+    sparse: SparseShape,
     stage2: Stage2,
 }
 
@@ -81,9 +82,6 @@ enum Stage2 {
     /// The sparse path's wgmma kernels on the equivalent sparse problem.
     Sparse {
         wgmma: Wgmma,
-        cast: Cast,
-        /// The equivalent sparse shape.
-        sparse: SparseShape,
         /// `(rows, cols)` global key ids: `key_start + j` for `j < L`, -1 beyond.
         ids: CudaSlice<i32>,
         /// Whether stage 1 writes chunk counts (`FLAG_ROW_CHUNKS`).
@@ -117,71 +115,64 @@ impl DenseGpu {
             return Ok(None);
         };
         let tiles = (major, minor) == (9, 0) && shape.heads == 64 && shape.head_dim == 128;
-        let stream = ctx.default_stream();
-        let (stage2, visible) = if tiles {
-            let module = sel.module.load(ctx)?;
-            let kernel = module.load_function(DENSE_WG.name)?;
-            gpu::set_dynamic_smem(&kernel, kernels_gpu::dense_wg::SMEM.bytes)?;
-            let (items, visible) = super::tiles::items(shape)?;
-            let n_items = items.len() as u32;
-            let flat: Vec<u32> = items.into_iter().flatten().collect();
-            let items = stream.clone_htod(&flat)?;
-            let stage2 = Stage2::Tiles {
-                kernel,
-                items,
-                n_items,
-            };
-            (stage2, visible)
+        let path = if tiles {
+            None
         } else {
             if rows.saturating_mul(cols) > MAX_GPU_SCORES || sparse.validate().is_err() {
                 return Ok(None);
             }
-            let Ok(PathKind::Sm90 { row, paired }) = PathKind::choose(&sel, &sparse) else {
-                return Ok(None);
-            };
-            let module = sel.module.load(ctx)?;
-            let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired)?;
-            let cast = Cast::new(&module)?;
-            let (ids, visible) = key_ids(shape)?;
-            let stage2 = Stage2::Sparse {
-                wgmma,
-                cast,
-                row_chunks: sm90_path::row_chunks(&sparse),
-                sparse,
-                ids: stream.clone_htod(&ids)?,
-            };
-            (stage2, visible)
+            match PathKind::choose(&sel, &sparse) {
+                Ok(PathKind::Sm90 { row, paired }) => Some((row, paired)),
+                _ => return Ok(None),
+            }
         };
         let module = sel.module.load(ctx)?;
-        let stage1 = module.load_function(DENSE_STAGE1.name)?;
-        let visible = stream.clone_htod(&visible)?;
-        stream.synchronize()?;
-        Ok(Some(DenseGpu {
-            stage1,
-            visible,
-            rows,
-            cols,
-            heads: shape.heads,
-            k_len: shape.k_len(),
+        let stream = ctx.default_stream();
+        let (stage2, visible) = match path {
+            None => {
+                let kernel = module.load_function(DENSE_WG.name)?;
+                gpu::set_dynamic_smem(&kernel, kernels_gpu::dense_wg::SMEM.bytes)?;
+                let (items, visible) = super::tiles::items(shape)?;
+                let n_items = items.len() as u32;
+                let flat: Vec<u32> = items.into_iter().flatten().collect();
+                let items = stream.clone_htod(&flat)?;
+                let stage2 = Stage2::Tiles {
+                    kernel,
+                    items,
+                    n_items,
+                };
+                (stage2, visible)
+            }
+            Some((row, paired)) => {
+                let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired)?;
+                let (ids, visible) = key_ids(shape)?;
+                let stage2 = Stage2::Sparse {
+                    wgmma,
+                    row_chunks: sm90_path::row_chunks(&sparse),
+                    ids: stream.clone_htod(&ids)?,
+                };
+                (stage2, visible)
+            }
+        };
+        let gpu = DenseGpu {
+            stage1: module.load_function(DENSE_STAGE1.name)?,
+            cast: Cast::new(&module)?,
+            visible: stream.clone_htod(&visible)?,
+            sparse,
             stage2,
-        }))
+        };
+        stream.synchronize()?;
+        Ok(Some(gpu))
     }
 
-    /// Whether `execute` needs the f32 dK workspace for a bf16
-    /// `d_index_k` (the sparse strategy accumulates in it; the tile
-    /// kernel writes dK once, in its type).
-    pub(super) fn needs_workspace(&self) -> bool {
-        matches!(self.stage2, Stage2::Sparse { .. })
-    }
-
-    /// Launches stage 1 and stage 2 (and, sparse strategy with a bf16
-    /// `d_index_k`, the cast) on `stream`.
+    /// Launches stage 1, stage 2 and (bf16 `d_index_k`) the cast on
+    /// `stream`.
     ///
     /// # Safety
     /// `p` passed the dense plan's checks for the shape this was built for
     /// (lengths, alignment, contexts, overlaps, workspace), on `stream`'s
     /// context, and `p.ws` holds the f32 accumulator when `d_index_k` is
-    /// bf16 and [`DenseGpu::needs_workspace`].
+    /// bf16.
     pub(super) unsafe fn launch(
         &self,
         stream: &CudaStream,
@@ -189,13 +180,27 @@ impl DenseGpu {
         opts: &Options,
         loss_coeff: f32,
     ) -> Result<()> {
+        let s = &self.sparse;
+        let accum = match opts.d_index_k {
+            GradDtype::F32 => p.dk,
+            GradDtype::Bf16 => p.ws,
+        };
         let mut flags = 0;
         if opts.d_weights == GradDtype::F32 {
             flags |= FLAG_DW_F32;
         }
-        let coeff = (loss_coeff as f64 / self.rows as f64) as f32;
+        if matches!(
+            self.stage2,
+            Stage2::Sparse {
+                row_chunks: true,
+                ..
+            }
+        ) {
+            flags |= FLAG_ROW_CHUNKS;
+        }
+        let coeff = (loss_coeff as f64 / s.seq_q as f64) as f32;
         let (visible, _g1) = self.visible.device_ptr(stream);
-        let mut d = DenseParams {
+        let d = DenseParams {
             attn_score: p.attn,
             attn_l1norm: p.l1,
             index_score: p.score,
@@ -203,14 +208,29 @@ impl DenseGpu {
             grad_loss: p.grad_loss,
             visible,
             d_weights: p.dw,
-            dk_accum: 0,
-            dk_len: 0,
-            rows: self.rows as u32,
-            cols: self.cols as u32,
+            dk_accum: accum,
+            dk_len: s.k_len() as u64,
+            rows: s.seq_q as u32,
+            cols: s.topk as u32,
             coeff,
             flags,
-            heads: self.heads as u32,
+            heads: s.heads as u32,
             _pad: 0,
+        };
+        // SAFETY: stage 1's launch contract: one CTA of
+        // DENSE_STAGE1_THREADS per row with DENSE_STAGE1_SMEM bytes, the
+        // buffers of `d` checked (the accumulator of k_len f32, 16-byte
+        // aligned: `d_index_k` or the workspace), `visible[r] <= cols` by
+        // construction, FLAG_ROW_CHUNKS only as the sparse path sets it.
+        unsafe {
+            gpu::launch(
+                stream,
+                &self.stage1,
+                s.seq_q as u32,
+                DENSE_STAGE1_THREADS,
+                DENSE_STAGE1_SMEM,
+                &d,
+            )?
         };
         match &self.stage2 {
             Stage2::Tiles {
@@ -219,9 +239,6 @@ impl DenseGpu {
                 n_items,
             } => {
                 let (items, _g2) = items.device_ptr(stream);
-                if opts.d_index_k == GradDtype::Bf16 {
-                    flags |= FLAG_DK_BF16;
-                }
                 let t = DenseTileParams {
                     index_q: p.q,
                     weights: p.w,
@@ -231,57 +248,29 @@ impl DenseGpu {
                     items,
                     d_index_q: p.dq,
                     d_weights: p.dw,
-                    d_index_k: p.dk,
+                    dk_accum: accum,
                     n_items: *n_items,
-                    cols: self.cols as u32,
+                    cols: s.topk as u32,
                     sm_scale: opts.sm_scale,
                     flags,
                 };
-                // SAFETY: stage 1's launch contract: one CTA of
-                // DENSE_STAGE1_THREADS per row with DENSE_STAGE1_SMEM
-                // bytes, the buffers of `d` checked, `visible[r] <= cols`
-                // by construction, no accumulator, no chunk counts. Then
-                // the tile kernel as its programmatic dependent (it waits
-                // before reading grad_signal): the plan's items for this
-                // shape, checked buffers, one CTA per item.
+                // SAFETY: the tile kernel as stage 1's programmatic
+                // dependent (it waits before reading grad_signal or adding
+                // to the accumulator): the plan's items for this shape
+                // (at least one: every row has a row item), checked
+                // buffers, one CTA per item.
                 unsafe {
-                    gpu::launch(
+                    gpu::launch_pdl(
                         stream,
-                        &self.stage1,
-                        self.rows as u32,
-                        DENSE_STAGE1_THREADS,
-                        DENSE_STAGE1_SMEM,
-                        &d,
-                    )?;
-                    if *n_items > 0 {
-                        gpu::launch_pdl(
-                            stream,
-                            kernel,
-                            *n_items,
-                            DENSE_TILE_THREADS,
-                            kernels_gpu::dense_wg::SMEM.bytes,
-                            &t,
-                        )?;
-                    }
-                }
-            }
-            Stage2::Sparse {
-                wgmma,
-                cast,
-                sparse: s,
-                ids,
-                row_chunks,
-            } => {
-                let accum = match opts.d_index_k {
-                    GradDtype::F32 => p.dk,
-                    GradDtype::Bf16 => p.ws,
+                        kernel,
+                        *n_items,
+                        DENSE_TILE_THREADS,
+                        kernels_gpu::dense_wg::SMEM.bytes,
+                        &t,
+                    )?
                 };
-                if *row_chunks {
-                    flags |= FLAG_ROW_CHUNKS;
-                }
-                d.flags = flags;
-                d.dk_accum = accum;
-                d.dk_len = self.k_len as u64;
+            }
+            Stage2::Sparse { wgmma, ids, .. } => {
                 let (ids, _g2) = ids.device_ptr(stream);
                 // Stage 2 reads grad_signal where stage 1 wrote it
                 // (`index_score`) and the plan's key ids; it never reads
@@ -306,28 +295,17 @@ impl DenseGpu {
                     flags,
                     heads: s.heads as u32,
                 };
-                // SAFETY: stage 1's launch contract as above, with the
-                // accumulator of k_len f32 (16-byte aligned) and
-                // FLAG_ROW_CHUNKS only as the sparse path sets it. Then
-                // the wgmma kernels of the sparse shape on the same
-                // buffers (ids of the plan: valid key rows or -1), as
-                // stage 1's programmatic dependents, and the cast of the
-                // checked workspace.
-                unsafe {
-                    gpu::launch(
-                        stream,
-                        &self.stage1,
-                        self.rows as u32,
-                        DENSE_STAGE1_THREADS,
-                        DENSE_STAGE1_SMEM,
-                        &d,
-                    )?;
-                    wgmma.launch_stage2(stream, g)?;
-                    if opts.d_index_k == GradDtype::Bf16 {
-                        cast.launch(stream, s, p.ws, p.dk)?;
-                    }
-                }
+                // SAFETY: the wgmma kernels of the sparse shape on the
+                // same buffers (ids of the plan: valid key rows or -1), as
+                // stage 1's programmatic dependents.
+                unsafe { wgmma.launch_stage2(stream, g)? };
             }
+        }
+        if opts.d_index_k == GradDtype::Bf16 {
+            // SAFETY: the cast of the checked workspace (k_len f32, the
+            // accumulator stage 2 completed earlier on the stream) into
+            // the checked bf16 d_index_k.
+            unsafe { self.cast.launch(stream, s, p.ws, p.dk)? };
         }
         Ok(())
     }

@@ -58,8 +58,9 @@ pub struct Outputs<'a> {
 ///
 /// On compute capability 9.0 (H100, H200), [`Plan::execute`] runs dense
 /// mode's stage 1 and then stage 2: for H = 64, D = 128 dense mode's own
-/// tile kernel (K and q tiles loaded whole, each output written once; the
-/// plan holds its work items, about 40 bytes per query row); for the other
+/// tile kernel (K and q tiles loaded whole, dQ and d_weights written once
+/// per row, dK reduced once per 128 keys and run of up to 256 rows; the
+/// plan holds its work items, about 30 bytes per query row); for the other
 /// shapes, with more than 64 key columns and at most
 /// [`super::MAX_GPU_SCORES`] score elements, the sparse path's wgmma
 /// kernels on the equivalent sparse problem (`topk` = the key columns),
@@ -114,14 +115,12 @@ impl Plan {
     }
 
     /// Device workspace `execute` needs: the f32 accumulator of
-    /// `d_index_k` when that output is bf16 and stage 2 accumulates (every
-    /// shape but H = 64, D = 128, whose tile kernel writes dK once in its
-    /// type), zero otherwise.
+    /// `d_index_k` when that output is bf16, zero otherwise (as in the
+    /// sparse plan).
     pub fn workspace_bytes(&self) -> usize {
-        let accumulates = self.gpu.as_ref().is_none_or(|g| g.needs_workspace());
         match self.opts.d_index_k {
-            GradDtype::Bf16 if accumulates => self.shape.k_len() * 4,
-            _ => 0,
+            GradDtype::F32 => 0,
+            GradDtype::Bf16 => self.shape.k_len() * 4,
         }
     }
 

@@ -4,15 +4,16 @@
 //! last CTAs to start are the short ones.
 //!
 //! Per batch: a row item per pair of adjacent query rows (the last alone
-//! when the batch has an odd count) and a key item per 128 keys, whose
-//! rows are every row of the batch that sees one of its keys (visibility
-//! grows with the row, so they are a suffix of the batch).
+//! when the batch has an odd count) and, per 128 keys, key items over the
+//! rows of the batch that see one of those keys (visibility grows with the
+//! row, so they are a suffix of the batch), in runs of at most
+//! `ITEM_MAX_ROWS` rows.
 
 use super::shape::Shape;
 use crate::cpu::try_vec;
 use crate::error::Result;
 use kernels_gpu::abi::{DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS};
-use kernels_gpu::dense_wg::{ITEM_KEYS, ITEM_ROWS, TILE_KEYS};
+use kernels_gpu::dense_wg::{ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS};
 
 /// One item's words.
 pub(super) type Item = [u32; DENSE_ITEM_WORDS];
@@ -49,17 +50,27 @@ pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, Vec<u32>)> {
         for col0 in (0..nk).step_by(ITEM_KEYS as usize) {
             let n = (nk - col0).min(ITEM_KEYS as usize);
             let first = first_seeing(nq, |s| vis(s) > col0);
-            let item = [
-                DENSE_ITEM_KEYS,
-                key0 as u32,
-                col0 as u32,
-                n as u32,
-                (row0 + first) as u32,
-                (row0 + nq) as u32,
-                0,
-                0,
-            ];
-            work.push(((nq - first) as u64, item));
+            // Keys no row sees still get an item (with no rows): it adds
+            // nothing, but every key has its item.
+            let mut s = first;
+            loop {
+                let end = (s + ITEM_MAX_ROWS as usize).min(nq);
+                let item = [
+                    DENSE_ITEM_KEYS,
+                    key0 as u32,
+                    col0 as u32,
+                    n as u32,
+                    (row0 + s) as u32,
+                    (row0 + end) as u32,
+                    0,
+                    0,
+                ];
+                work.push(((end - s) as u64, item));
+                s = end;
+                if s >= nq {
+                    break;
+                }
+            }
         }
         row0 += nq;
         key0 += nk;
@@ -89,8 +100,8 @@ mod tests {
     use super::*;
 
     /// Every (row, key) pair a row sees is covered by exactly one row item
-    /// and one key item, every row and key has its item, and the order is
-    /// longest first.
+    /// and one key item, every row has one row item, every key its key
+    /// items (one per run of rows), and the order is longest first.
     #[test]
     fn items_cover_every_visible_pair_once_each_way() {
         let shapes = [
@@ -98,6 +109,7 @@ mod tests {
             Shape::bshd(1, 130, 129, 64, 128)
                 .with_q_offset(vec![-5])
                 .with_ratio(2),
+            Shape::bshd(1, 700, 600, 64, 128),
             Shape::varlen(vec![0, 3, 3, 200], vec![0, 1, 129, 400], 64, 128)
                 .with_q_offset(vec![0, 4, 100]),
         ];
@@ -129,8 +141,16 @@ mod tests {
                         let (ks, c0, n) = (it[1] as usize, it[2] as usize, it[3] as usize);
                         let (rb, re) = (it[4] as usize, it[5] as usize);
                         assert!((1..=128).contains(&n));
-                        for key in ks + c0..ks + c0 + n {
-                            key_seen[key] += 1;
+                        assert!(re - rb <= ITEM_MAX_ROWS as usize);
+                        // Counted on the run that starts at the first row
+                        // seeing the keys (or, when none does, the empty one).
+                        let starts = rb == 0
+                            || shape.row(rb - 1).key_start != ks
+                            || shape.row(rb - 1).visible <= c0;
+                        if starts {
+                            for key in ks + c0..ks + c0 + n {
+                                key_seen[key] += 1;
+                            }
                         }
                         for r in rb..re {
                             let row = shape.row(r);
@@ -138,10 +158,6 @@ mod tests {
                             for j in c0..(c0 + n).min(row.visible) {
                                 assert!(pairs_by_keys.insert((r, ks + j)));
                             }
-                        }
-                        // Rows before rb see none of the keys.
-                        if rb > 0 && shape.row(rb - 1).key_start == ks {
-                            assert!(shape.row(rb - 1).visible <= c0);
                         }
                         (re - rb) as u64
                     }

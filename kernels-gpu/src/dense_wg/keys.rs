@@ -3,8 +3,9 @@
 
 use super::entry::Ctx;
 use super::{desc, gate, load, BLOCK_BYTES, GLOBAL_ROW_BYTES, HEADS, SMEM, TILE_KEYS};
-use crate::abi::{DENSE_TILE_THREADS, FLAG_DK_BF16};
-use crate::ptx::cvt::{bf16_to_f32, pack_bf16x2};
+use crate::abi::DENSE_TILE_THREADS;
+use crate::ptx::cvt::bf16_to_f32;
+use crate::ptx::global::red_add_v2_f32;
 use crate::ptx::{cp_async, smem, sync, wgmma};
 
 /// Threads that stage a row's weights: one 32-bit word (two heads) each.
@@ -126,12 +127,12 @@ pub(super) unsafe fn run(
     unsafe { store(c, key_start + col0, nkeys, &dk0, &dk1) };
 }
 
-/// Writes this warpgroup's dK rows below `nkeys` (`sm_scale` times the
-/// sums, in the output type), `key0` the key row of the item's first key.
+/// Adds this warpgroup's dK sums of the keys below `nkeys` (times
+/// `sm_scale`) to the accumulator, `key0` the key row of the item's first
+/// key: one reduction per element per item.
 ///
 /// # Safety
-/// The item's keys are key rows of the launch, this warpgroup's written by
-/// it only.
+/// The item's keys are key rows of the launch.
 #[inline(always)]
 unsafe fn store(c: &Ctx<'_>, key0: u32, nkeys: u32, dk0: &[f32; 32], dk1: &[f32; 32]) {
     let p = c.p;
@@ -149,16 +150,10 @@ unsafe fn store(c: &Ctx<'_>, key0: u32, nkeys: u32, dk0: &[f32; 32], dk1: &[f32;
                 let r = (4 * j + 2 * h) as usize;
                 let d = row + 64 * blk + (8 * j + c2) as usize;
                 let (x, y) = (p.sm_scale * acc[r], p.sm_scale * acc[r + 1]);
-                // SAFETY: elements (key, d) and (key, d + 1) of dK:
-                // 8-byte aligned f32 pairs (16-byte aligned tensor) or
-                // 4-byte aligned bf16 pairs.
-                unsafe {
-                    if p.flags & FLAG_DK_BF16 != 0 {
-                        *(p.d_index_k as *mut u32).add(d / 2) = pack_bf16x2(x, y);
-                    } else {
-                        *(p.d_index_k as *mut [f32; 2]).add(d / 2) = [x, y];
-                    }
-                }
+                // SAFETY: elements (key, d) and (key, d + 1) of the
+                // accumulator: an 8-byte aligned pair (d even, 16-byte
+                // aligned tensor).
+                unsafe { red_add_v2_f32((p.dk_accum as *mut f32).add(d), [x, y]) };
             }
         }
     }

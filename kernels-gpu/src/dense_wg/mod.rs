@@ -10,14 +10,19 @@
 //!   S = q K^T (64 heads x 64 keys), the elementwise gate (dS and the
 //!   d_weights sums) in registers, dQ += dS K with dS as the register A
 //!   operand. dQ and d_weights are written once, at the end.
-//! - a **key item** (`keys`): 64 keys per warpgroup. The CTA walks every
-//!   query row that sees them (q tile loaded once for both warpgroups):
-//!   S^T = K q^T (64 keys x 64 heads), the same gate transposed, and
-//!   dK += dS^T q. dK is written once, at the end, in its output type.
+//! - a **key item** (`keys`): 64 keys per warpgroup. The CTA walks a run
+//!   of at most [`ITEM_MAX_ROWS`] of the query rows that see them (q tile
+//!   loaded once for both warpgroups): S^T = K q^T (64 keys x 64 heads),
+//!   the same gate transposed, and dK += dS^T q. At the end it adds its
+//!   dK sums to the f32 accumulator (zeroed by stage 1): one reduction
+//!   per key per run of rows, where the sparse kernels make one per
+//!   (row, key). The runs keep every item short: a key item over all of a
+//!   long sequence's rows would be the whole launch's critical path.
 //!
 //! So each (row, key) pair's logits are computed twice (once per kind);
-//! in exchange nothing is reduced across CTAs and every output is written
-//! once, in a fixed order (bitwise reproducible, dK included).
+//! in exchange dQ and d_weights are written once, in a fixed order
+//! (bitwise reproducible), and dK is reduced `rows / ITEM_MAX_ROWS` times
+//! per key instead of once per row.
 //!
 //! Operand tiles are 64 rows x 128 bf16 stored as two 1024-byte aligned
 //! 128-byte-swizzle blocks of 64 columns (`crate::sm90::swizzle`): q of a
@@ -70,6 +75,8 @@ pub const STAGES: u32 = 2;
 pub const GS_BYTES: u32 = 4 * ITEM_KEYS;
 /// Bytes of a key item's weights of one row (64 bf16).
 pub const W_BYTES: u32 = 2 * HEADS;
+/// Query rows of one key item at most.
+pub const ITEM_MAX_ROWS: u32 = 256;
 /// Resident CTAs per SM the launch bounds ask for.
 pub const CTAS_PER_SM: u32 = 2;
 

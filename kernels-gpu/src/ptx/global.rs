@@ -64,6 +64,22 @@ pub unsafe fn red_add_v4_f32(p: *mut f32, v: [f32; 4]) {
     }
 }
 
+/// `red.global.add.v2.f32`: atomic adds of two consecutive f32 without a
+/// return value (PTX ISA 8.1; each element is atomic on its own).
+///
+/// # Safety
+/// `p` must be an 8-byte aligned pair of f32 in global memory, valid for
+/// writes.
+#[inline(always)]
+pub unsafe fn red_add_v2_f32(p: *mut f32, v: [f32; 2]) {
+    // SAFETY: the caller guarantees a valid, aligned global address; the
+    // reductions are atomic, so concurrent adds from other threads are fine.
+    unsafe {
+        asm!("red.global.add.v2.f32 [{p}], {{{x}, {y}}};",
+             p = in(reg64) p, x = in(reg32) v[0], y = in(reg32) v[1], options(nostack))
+    }
+}
+
 /// `ld.global.f32`, kept where it is written: not `pure`, so the compiler
 /// neither sinks it into the branch that uses it nor merges it away, and a
 /// run of these issues back to back (memory-level parallelism).
