@@ -76,7 +76,7 @@ pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, Vec<u32>)> {
         key0 += nk;
     }
     // Stable: equal work keeps the batch order.
-    work.sort_by(|a, b| b.0.cmp(&a.0));
+    work.sort_by_key(|w| std::cmp::Reverse(w.0));
     Ok((work.into_iter().map(|(_, i)| i).collect(), visible))
 }
 
