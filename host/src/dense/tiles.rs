@@ -126,8 +126,8 @@ mod tests {
                     DENSE_ITEM_ROWS => {
                         let (r0, n, ks, tiles) = (it[1] as usize, it[2] as usize, it[3], it[4]);
                         assert!(n == 1 || n == 2);
-                        for r in r0..r0 + n {
-                            row_seen[r] += 1;
+                        for (r, seen) in row_seen.iter_mut().enumerate().skip(r0).take(n) {
+                            *seen += 1;
                             let row = shape.row(r);
                             assert_eq!(row.key_start as u32, ks, "one batch per item");
                             assert!(row.visible <= 64 * tiles as usize);
@@ -148,8 +148,8 @@ mod tests {
                             || shape.row(rb - 1).key_start != ks
                             || shape.row(rb - 1).visible <= c0;
                         if starts {
-                            for key in ks + c0..ks + c0 + n {
-                                key_seen[key] += 1;
+                            for seen in key_seen.iter_mut().skip(ks + c0).take(n) {
+                                *seen += 1;
                             }
                         }
                         for r in rb..re {
