@@ -613,16 +613,7 @@ fn run_dense_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
     )
     .map_err(|e| format!("{inp}: {e}"))?;
     let line = dense_input_json(&inp, &gpu_name, shape, &opts, cli, &t);
-    println!(
-        "dense {} rows {} key rows {} cols {} H={} D={} ratio {} dK {}: median {:.1} us, min {:.1}, p90 {:.1} ({} runs)",
-        layout_name(shape), shape.rows(), shape.key_rows(), shape.score_cols(), shape.heads,
-        shape.head_dim, shape.ratio, dk_name(opts.d_index_k), t.median, t.min, t.p90, t.runs
-    );
-    println!("{line}");
-    if let Some(f) = &cli.json {
-        std::fs::write(f, format!("{line}\n"))
-            .map_err(|e| format!("--json {}: {e}", f.display()))?;
-    }
+    print_dense_input(cli, &line, shape, &opts, &t)?;
     if let (Some(out_file), Some(out)) = (out_file, &cli.output) {
         let meta = [
             ("input", inp.clone()),
@@ -639,6 +630,28 @@ fn run_dense_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
         let out_name = out.display().to_string();
         out_file.commit(&serialize_dense_outputs(shape, &r, &meta, &out_name)?)?;
         eprintln!("wrote {out_name}");
+    }
+    Ok(())
+}
+
+/// The summary line and the JSON `line` of `--dense-input` on stdout,
+/// the JSON line also to `--json`.
+fn print_dense_input(
+    cli: &Cli,
+    line: &str,
+    shape: &dense::Shape,
+    opts: &Options,
+    t: &Spread,
+) -> Res<()> {
+    println!(
+        "dense {} rows {} key rows {} cols {} H={} D={} ratio {} dK {}: median {:.1} us, min {:.1}, p90 {:.1} ({} runs)",
+        layout_name(shape), shape.rows(), shape.key_rows(), shape.score_cols(), shape.heads,
+        shape.head_dim, shape.ratio, dk_name(opts.d_index_k), t.median, t.min, t.p90, t.runs
+    );
+    println!("{line}");
+    if let Some(f) = &cli.json {
+        std::fs::write(f, format!("{line}\n"))
+            .map_err(|e| format!("--json {}: {e}", f.display()))?;
     }
     Ok(())
 }
