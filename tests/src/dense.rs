@@ -273,17 +273,29 @@ impl DenseDevice {
     /// Uploads `p` (logits into `index_score`) with a workspace of
     /// `ws_bytes` (at least 16).
     pub fn upload(stream: &Arc<CudaStream>, p: &DenseProblem, ws_bytes: usize) -> Self {
-        let s = &p.shape;
+        Self::upload_host(stream, &p.shape, &p.host(), ws_bytes)
+    }
+
+    /// Uploads host tensors of `shape` (`x.index_score`, the logits, into
+    /// `index_score`; `x.grad_loss` as the device's one f32) with a
+    /// workspace of `ws_bytes` (at least 16); outputs of both element types
+    /// zeroed. `x.loss_coeff` stays on the host (an `execute` argument).
+    pub fn upload_host(
+        stream: &Arc<CudaStream>,
+        s: &dense::Shape,
+        x: &HostInputs<'_>,
+        ws_bytes: usize,
+    ) -> Self {
         let f32s = |v: &[f32]| stream.clone_htod(v).unwrap();
         DenseDevice {
-            q: stream.clone_htod(&p.q).unwrap(),
-            w: stream.clone_htod(&p.w).unwrap(),
-            k: stream.clone_htod(&p.k).unwrap(),
-            attn: f32s(&p.attn),
-            l1: f32s(&p.l1),
-            lse: f32s(&p.lse),
-            grad_loss: f32s(&[p.grad_loss]),
-            score: f32s(&p.logits),
+            q: stream.clone_htod(x.index_q).unwrap(),
+            w: stream.clone_htod(x.weights).unwrap(),
+            k: stream.clone_htod(x.index_k).unwrap(),
+            attn: f32s(x.attn_score),
+            l1: f32s(x.attn_l1norm),
+            lse: f32s(x.index_lse),
+            grad_loss: f32s(&[x.grad_loss]),
+            score: f32s(x.index_score),
             dq: stream.alloc_zeros(s.q_len()).unwrap(),
             dw_f32: stream.alloc_zeros(s.w_len()).unwrap(),
             dw_bf16: stream.alloc_zeros(s.w_len()).unwrap(),
@@ -296,7 +308,12 @@ impl DenseDevice {
     /// Puts the problem's logits back into `index_score` (execute writes
     /// grad_signal over them).
     pub fn reset_logits(&mut self, stream: &Arc<CudaStream>, p: &DenseProblem) {
-        stream.memcpy_htod(&p.logits, &mut self.score).unwrap();
+        self.reset_index_score(stream, &p.logits);
+    }
+
+    /// Copies `logits` (`rows * cols` values) into `index_score`.
+    pub fn reset_index_score(&mut self, stream: &Arc<CudaStream>, logits: &[f32]) {
+        stream.memcpy_htod(logits, &mut self.score).unwrap();
     }
 
     /// Runs `plan.execute` on these buffers (the output types of the

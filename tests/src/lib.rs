@@ -892,6 +892,16 @@ pub fn round_to(v: &[f64], dtype: GradDtype) -> Vec<f64> {
     }
 }
 
+/// Values widened to f64 (as [`GpuOut`] holds them) back in `dtype`, as
+/// the output files store them; exact for values that came from `dtype`.
+pub fn grad_vec(v: &[f64], dtype: GradDtype) -> dsa_indexer_bwd::oneshot::GradVec {
+    use dsa_indexer_bwd::oneshot::GradVec;
+    match dtype {
+        GradDtype::F32 => GradVec::F32(v.iter().map(|&x| x as f32).collect()),
+        GradDtype::Bf16 => GradVec::Bf16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
+    }
+}
+
 /// Errors of one run against the f64 reference.
 #[derive(Clone, Copy, Debug)]
 pub struct Errors {

@@ -64,13 +64,14 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
 /// Test harnesses that never touch a GPU (generators, reports, file
 /// formats, source checks): CI runs them, and leaving them out keeps the
 /// bundle and the working tree under the 64 MiB a device call carries.
-const CPU_ONLY_HARNESSES: [&str; 6] = [
+const CPU_ONLY_HARNESSES: [&str; 7] = [
     "cpu",
     "dense",
     "generators",
     "function_length",
     "report",
     "side_by_side_script",
+    "dense_side_by_side_script",
 ];
 
 /// Executables cargo reports for `args` (test harnesses when `tests`).

@@ -31,6 +31,11 @@
 //!               [--sm-scale F] [--loss-coeff F] [--grad-loss F]
 //!               [--score probs|log-probs] [--dk f32|bf16] [--dw bf16|f32]
 //!               [--json FILE]
+//! indexer-bench --dense S1,S2,.. [--heads 64] [--dim 128] [--runs 30] [--warmup 5]
+//! indexer-bench --dense-input CASE.safetensors [--output OUT.safetensors]
+//!               [--runs 30] [--warmup 5] [--ratio 1] [--sm-scale F]
+//!               [--loss-coeff F] [--grad-loss F] [--dk f32|bf16] [--dw bf16|f32]
+//!               [--json FILE]
 //! ```
 //!
 //! `--input` times this crate on the tensors of a file (the names of
@@ -44,22 +49,38 @@
 //! `score` probs|log_probs, `d_index_k` and `d_weights` f32|bf16), else
 //! the defaults (1, 1, global, probs, f32, bf16); `grad_loss` from the
 //! flag, else the file's tensor, else 1.
+//!
+//! `--dense` times dense mode's whole `execute` on random causal BSHD
+//! problems (B = 1, S_q = S_k = each value). `--dense-input` times it on
+//! the dense tensors of a file (the names of `indexer-dense-replay`: BSHD,
+//! or packed with `cu_seqlens_q`/`cu_seqlens_k`; optional `q_offset` and
+//! `grad_loss`) the same way: CUDA events around each `execute`, the
+//! logits restored into `index_score` (which execute overwrites with
+//! grad_signal) before each run outside the events, median, min and p90
+//! of `--runs` after `--warmup`. It prints one summary line and one JSON
+//! line (`"kind":"dense_input"`), and writes the outputs of one more run
+//! (`grad_signal`, `d_index_q`, `d_weights`, `d_index_k`) to `--output`.
+//! Its options come from the flags only (defaults: ratio 1, sm_scale 1,
+//! loss_coeff 1, f32 `d_index_k`, bf16 `d_weights`); `grad_loss` from the
+//! flag, else the file's tensor, else 1.
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgGroup, Parser, ValueEnum};
 use dsa_indexer_bwd::cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut,
 };
-use dsa_indexer_bwd::oneshot::GradVec;
+use dsa_indexer_bwd::dense::{self, cpu::HostInputs, Layout};
+use dsa_indexer_bwd::oneshot::HostResult;
 use dsa_indexer_bwd::{
-    bf16, gpu, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents, StageTimes,
+    gpu, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents, StageTimes,
 };
 use indexer_tests::dense::{DenseDevice, DenseProblem};
+use indexer_tests::dense_io::{read_dense_case, serialize_dense_outputs, DenseCase};
 use indexer_tests::io::{check_ids, read_case, serialize_outputs, OutFile, Res};
 use indexer_tests::report::{
     ceilings_json, dk_name, json_num, markdown, paired_kernel_computes, parse_json_lines, plot,
     point_json, Ceilings, IdStats, Point, Workload,
 };
-use indexer_tests::{DeviceProblem, Gen, Padding, Problem, Values};
+use indexer_tests::{grad_vec, DeviceProblem, Gen, Padding, Problem, Values};
 use kernels_gpu::params::*;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -72,6 +93,7 @@ use std::sync::Arc;
 /// of a file) with CUDA events.
 #[derive(Parser, Debug)]
 #[command(name = "indexer-bench")]
+#[command(group(ArgGroup::new("file_input").args(["input", "dense_input"])))]
 struct Cli {
     /// Query rows of the headline points.
     #[arg(long, default_value_t = 8192)]
@@ -118,7 +140,8 @@ struct Cli {
     )]
     long_ids: Vec<IdKind>,
     /// Element types of d_index_k (with --input: the one to use; default
-    /// the file's metadata, else f32).
+    /// the file's metadata, else f32; with --dense-input: the one to use,
+    /// default f32).
     #[arg(long, value_enum, value_delimiter = ',')]
     dk: Vec<DtypeArg>,
     /// Timed runs per point (median, min, p90).
@@ -141,33 +164,45 @@ struct Cli {
     json: Option<PathBuf>,
     /// Dense mode instead of the sparse workloads: causal, B = 1,
     /// S_q = S_k = each value, the first --heads and --dim, f32 dK.
-    #[arg(long, value_delimiter = ',', conflicts_with = "input")]
+    #[arg(long, value_delimiter = ',', conflicts_with = "file_input")]
     dense: Vec<usize>,
     /// Re-renders --plot/--markdown from an earlier run's JSON lines (no GPU).
-    #[arg(long, value_name = "RUN.jsonl", conflicts_with = "input")]
+    #[arg(long, value_name = "RUN.jsonl", conflicts_with = "file_input")]
     from_json: Option<PathBuf>,
     /// Times the tensors of this .safetensors file instead of the workload.
     #[arg(long, value_name = "CASE.safetensors")]
     input: Option<PathBuf>,
-    /// With --input: writes the outputs of the last timed run here.
-    #[arg(long, value_name = "OUT.safetensors", requires = "input")]
+    /// Times dense mode on the tensors of this .safetensors file (the
+    /// names of indexer-dense-replay) instead of the workload.
+    #[arg(long, value_name = "CASE.safetensors")]
+    dense_input: Option<PathBuf>,
+    /// With --input: writes the outputs of the last timed run here; with
+    /// --dense-input, those of one more run.
+    #[arg(long, value_name = "OUT.safetensors", requires = "file_input")]
     output: Option<PathBuf>,
+    /// With --dense-input: key compression ratio (>= 1).
+    #[arg(long, default_value_t = 1)]
+    ratio: usize,
     /// With --input: id convention (default: metadata key_ids, else global).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, conflicts_with = "dense_input")]
     key_ids: Option<KeyIdsArg>,
-    /// With --input: scale of q . k (default: metadata sm_scale, else 1).
+    /// With --input: scale of q . k (default: metadata sm_scale, else 1);
+    /// with --dense-input: default 1.
     #[arg(long, allow_negative_numbers = true)]
     sm_scale: Option<f32>,
-    /// With --input: loss coefficient (default: metadata loss_coeff, else 1).
+    /// With --input: loss coefficient (default: metadata loss_coeff, else
+    /// 1); with --dense-input: default 1.
     #[arg(long, allow_negative_numbers = true)]
     loss_coeff: Option<f32>,
-    /// With --input: upstream gradient (default: the file's grad_loss, else 1).
+    /// With --input or --dense-input: upstream gradient (default: the
+    /// file's grad_loss, else 1).
     #[arg(long, allow_negative_numbers = true)]
     grad_loss: Option<f32>,
     /// With --input: what index_score holds (default: metadata score, else probs).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, conflicts_with = "dense_input")]
     score: Option<ScoreArg>,
-    /// With --input: element type of d_weights (default: metadata d_weights, else bf16).
+    /// With --input: element type of d_weights (default: metadata
+    /// d_weights, else bf16); with --dense-input: default bf16.
     #[arg(long, value_enum)]
     dw: Option<DtypeArg>,
 }
@@ -401,6 +436,8 @@ fn main() -> ExitCode {
             .and_then(|(gpu, ceil, points)| write_reports(&cli, &gpu, &ceil, &points))
     } else if let Some(input) = &cli.input {
         run_input(&cli, input)
+    } else if let Some(input) = &cli.dense_input {
+        run_dense_input(&cli, input)
     } else if !cli.dense.is_empty() {
         run_dense(&cli)
     } else {
@@ -428,40 +465,266 @@ fn run_dense(cli: &Cli) -> Res<()> {
     let (h, d) = (cli.heads[0], cli.dim[0]);
     let mut rng = rand::rngs::StdRng::seed_from_u64(cli.seed);
     let opts = Options::default();
+    for &s in &cli.dense {
+        let shape = dense::Shape::bshd(1, s, s, h, d);
+        let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.0);
+        let plan = dense::Plan::new(&ctx, shape, opts).map_err(|e| format!("dense plan: {e}"))?;
+        let mut dev = DenseDevice::upload(&stream, &p, plan.workspace_bytes());
+        let t = time_dense(&ctx, &stream, &plan, &mut dev, &p.logits, p.loss_coeff, cli)?;
+        println!(
+            "dense causal B=1 S={s} H={h} D={d} f32 dK: median {:.0} us, min {:.0}, p90 {:.0} ({} runs)",
+            t.median, t.min, t.p90, t.runs
+        );
+    }
+    Ok(())
+}
+
+/// Median, min and p90 of some times (us), and how many.
+struct Spread {
+    median: f64,
+    min: f64,
+    p90: f64,
+    runs: usize,
+}
+
+impl Spread {
+    /// Of `v` (not empty).
+    fn of(mut v: Vec<f64>) -> Spread {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        Spread {
+            median: v[n / 2],
+            min: v[0],
+            p90: v[(n * 9 / 10).min(n - 1)],
+            runs: n,
+        }
+    }
+}
+
+/// Times dense `plan` on `dev`: CUDA events around each `execute`,
+/// `logits` copied into `index_score` before each run outside the events,
+/// `--runs` (at least 1) after `--warmup`.
+fn time_dense(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    plan: &dense::Plan,
+    dev: &mut DenseDevice,
+    logits: &[f32],
+    loss_coeff: f32,
+    cli: &Cli,
+) -> Res<Spread> {
     let ev = |_| {
         ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| e.to_string())
     };
     let (start, end) = (ev(0)?, ev(1)?);
-    for &s in &cli.dense {
-        let shape = dsa_indexer_bwd::dense::Shape::bshd(1, s, s, h, d);
-        let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.0);
-        let plan = dsa_indexer_bwd::dense::Plan::new(&ctx, shape, opts)
-            .map_err(|e| format!("dense plan: {e}"))?;
-        let mut dev = DenseDevice::upload(&stream, &p, plan.workspace_bytes());
-        let mut us = Vec::new();
-        for i in 0..cli.warmup + cli.runs.max(1) {
-            dev.reset_logits(&stream, &p);
-            start.record(&stream).map_err(|e| e.to_string())?;
-            dev.execute(&plan, &stream, p.loss_coeff)
-                .map_err(|e| format!("dense execute: {e}"))?;
-            end.record(&stream).map_err(|e| e.to_string())?;
-            end.synchronize().map_err(|e| e.to_string())?;
-            let t = start.elapsed_ms(&end).map_err(|e| e.to_string())? as f64 * 1e3;
-            if i >= cli.warmup {
-                us.push(t);
-            }
+    let mut us = Vec::new();
+    for i in 0..cli.warmup + cli.runs.max(1) {
+        dev.reset_index_score(stream, logits);
+        start.record(stream).map_err(|e| e.to_string())?;
+        dev.execute(plan, stream, loss_coeff)
+            .map_err(|e| format!("dense execute: {e}"))?;
+        end.record(stream).map_err(|e| e.to_string())?;
+        end.synchronize().map_err(|e| e.to_string())?;
+        let t = start.elapsed_ms(&end).map_err(|e| e.to_string())? as f64 * 1e3;
+        if i >= cli.warmup {
+            us.push(t);
         }
-        us.sort_by(f64::total_cmp);
-        println!(
-            "dense causal B=1 S={s} H={h} D={d} f32 dK: median {:.0} us, min {:.0}, p90 {:.0} ({} runs)",
-            us[us.len() / 2],
-            us[0],
-            us[(us.len() * 9 / 10).min(us.len() - 1)],
-            us.len()
+    }
+    Ok(Spread::of(us))
+}
+
+/// The options of `--dense-input`, from the flags alone, and `loss_coeff`.
+fn dense_options(cli: &Cli) -> Res<(Options, f32)> {
+    let opts = Options {
+        sm_scale: cli.sm_scale.unwrap_or(1.0),
+        d_index_k: match cli.dk[..] {
+            [] => GradDtype::F32,
+            [d] => d.grad(),
+            _ => return Err("--dense-input takes one --dk".into()),
+        },
+        d_weights: cli.dw.map_or(GradDtype::Bf16, DtypeArg::grad),
+        ..Options::default()
+    };
+    Ok((opts, cli.loss_coeff.unwrap_or(1.0)))
+}
+
+/// The host view `DenseDevice::upload_host` takes of a file's case.
+fn dense_host(case: &DenseCase, grad_loss: f32, loss_coeff: f32) -> HostInputs<'_> {
+    HostInputs {
+        index_q: &case.index_q,
+        weights: &case.weights,
+        index_k: &case.index_k,
+        attn_score: &case.attn_score,
+        attn_l1norm: &case.attn_l1norm,
+        index_score: &case.index_score,
+        index_lse: &case.index_lse,
+        grad_loss,
+        loss_coeff,
+    }
+}
+
+/// `--dense-input`: times dense mode on the file's tensors, prints a
+/// summary and a JSON line, writes the outputs of one more run to
+/// `--output`. Progress and notes go to stderr.
+fn run_dense_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
+    let inp = input.display().to_string();
+    std::fs::metadata(input).map_err(|e| format!("{inp}: {e}"))?;
+    let out_file = match &cli.output {
+        Some(o) => Some(OutFile::create(o, input)?),
+        None => None,
+    };
+    let case = read_dense_case(input, cli.ratio)?;
+    if !case.unread.is_empty() {
+        eprintln!(
+            "note: {inp} also holds {} (not read)",
+            case.unread.join(", ")
         );
     }
+    let (opts, loss_coeff) = dense_options(cli)?;
+    let (grad_loss, from) = case.grad_loss(cli.grad_loss, &inp)?;
+    let shape = &case.shape;
+    eprintln!("{shape:?} {opts:?}; grad_loss {grad_loss} ({from}), loss_coeff {loss_coeff}");
+    if dsa_indexer_bwd::cuda_device_count() == 0 {
+        return Err(format!(
+            "{inp}: no CUDA device: --dense-input times the GPU"
+        ));
+    }
+    let ctx = CudaContext::new(0).map_err(|e| format!("device 0: {e}"))?;
+    let stream = ctx.default_stream();
+    let gpu_name = ctx.name().map_err(|e| e.to_string())?;
+    let plan = dense::Plan::new(&ctx, shape.clone(), opts)
+        .map_err(|e| format!("{inp}: dense plan: {e}"))?;
+    if !plan.on_gpu() {
+        return Err(format!(
+            "{inp}: the dense plan does not run on this GPU or shape"
+        ));
+    }
+    let x = dense_host(&case, grad_loss, loss_coeff);
+    let mut dev = DenseDevice::upload_host(&stream, shape, &x, plan.workspace_bytes());
+    let t = time_dense(
+        &ctx,
+        &stream,
+        &plan,
+        &mut dev,
+        &case.index_score,
+        loss_coeff,
+        cli,
+    )
+    .map_err(|e| format!("{inp}: {e}"))?;
+    let line = dense_input_json(&inp, &gpu_name, shape, &opts, cli, &t);
+    print_dense_input(cli, &line, shape, &opts, &t)?;
+    if let (Some(out_file), Some(out)) = (out_file, &cli.output) {
+        let meta = [
+            ("input", inp.clone()),
+            ("backend", "gpu".to_string()),
+            ("mode", "dense".to_string()),
+            ("options", format!("{opts:?}")),
+            ("ratio", shape.ratio.to_string()),
+            ("grad_loss", format!("{grad_loss}")),
+            ("loss_coeff", format!("{loss_coeff}")),
+            ("median_us", format!("{:.1}", t.median)),
+        ];
+        let r = dense_final_run(&stream, &plan, &mut dev, &case.index_score, loss_coeff)
+            .map_err(|e| format!("{inp}: {e}"))?;
+        let out_name = out.display().to_string();
+        out_file.commit(&serialize_dense_outputs(shape, &r, &meta, &out_name)?)?;
+        eprintln!("wrote {out_name}");
+    }
     Ok(())
+}
+
+/// The summary line and the JSON `line` of `--dense-input` on stdout,
+/// the JSON line also to `--json`.
+fn print_dense_input(
+    cli: &Cli,
+    line: &str,
+    shape: &dense::Shape,
+    opts: &Options,
+    t: &Spread,
+) -> Res<()> {
+    println!(
+        "dense {} rows {} key rows {} cols {} H={} D={} ratio {} dK {}: median {:.1} us, min {:.1}, p90 {:.1} ({} runs)",
+        layout_name(shape), shape.rows(), shape.key_rows(), shape.score_cols(), shape.heads,
+        shape.head_dim, shape.ratio, dk_name(opts.d_index_k), t.median, t.min, t.p90, t.runs
+    );
+    println!("{line}");
+    if let Some(f) = &cli.json {
+        std::fs::write(f, format!("{line}\n"))
+            .map_err(|e| format!("--json {}: {e}", f.display()))?;
+    }
+    Ok(())
+}
+
+/// One more run of `plan` on `dev` (logits restored first), its outputs
+/// on the host in the plan's types.
+fn dense_final_run(
+    stream: &Arc<CudaStream>,
+    plan: &dense::Plan,
+    dev: &mut DenseDevice,
+    logits: &[f32],
+    loss_coeff: f32,
+) -> Res<HostResult> {
+    let opts = *plan.options();
+    dev.reset_index_score(stream, logits);
+    dev.execute(plan, stream, loss_coeff)
+        .map_err(|e| format!("dense execute: {e}"))?;
+    stream
+        .synchronize()
+        .map_err(|e| format!("synchronize: {e}"))?;
+    let o = dev.download(stream, &opts);
+    Ok(HostResult {
+        grad_signal: o.grad_signal,
+        d_index_q: o.d_index_q,
+        d_weights: grad_vec(&o.d_weights, opts.d_weights),
+        d_index_k: grad_vec(&o.d_index_k, opts.d_index_k),
+        backend: "gpu",
+    })
+}
+
+fn layout_name(s: &dense::Shape) -> &'static str {
+    match s.layout {
+        Layout::Bshd { .. } => "bshd",
+        Layout::Varlen { .. } => "packed",
+    }
+}
+
+/// The JSON line of `--dense-input` (`"kind":"dense_input"`): the shape,
+/// the options, the times, and TFLOP/s at 6 x (visible columns) x H x D.
+fn dense_input_json(
+    inp: &str,
+    gpu: &str,
+    s: &dense::Shape,
+    opts: &Options,
+    cli: &Cli,
+    t: &Spread,
+) -> String {
+    let visible: usize = (0..s.rows()).map(|r| s.row(r).visible).sum();
+    let flop = 6.0 * visible as f64 * (s.heads * s.head_dim) as f64;
+    serde_json::json!({
+        "kind": "dense_input",
+        "file": inp,
+        "gpu": gpu,
+        "layout": layout_name(s),
+        "batch": s.batch(),
+        "rows": s.rows(),
+        "key_rows": s.key_rows(),
+        "score_cols": s.score_cols(),
+        "heads": s.heads,
+        "dim": s.head_dim,
+        "ratio": s.ratio,
+        "q_offset": s.q_offset,
+        "dk": dk_name(opts.d_index_k),
+        "dw": dk_name(opts.d_weights),
+        "runs": t.runs,
+        "warmup": cli.warmup,
+        "median_us": round1(t.median),
+        "min_us": round1(t.min),
+        "p90_us": round1(t.p90),
+        "visible": visible,
+        "tflops": json_num(flop / (t.median * 1e-6) / 1e12, 1).parse::<f64>().ok(),
+    })
+    .to_string()
 }
 
 /// Whole-`execute` times of one problem on the device.
@@ -495,18 +758,17 @@ fn time_execute(
             st.push(times);
         }
     }
-    let mut tot: Vec<f64> = st.iter().map(|s| s.total_us).collect();
-    tot.sort_by(f64::total_cmp);
+    let tot = Spread::of(st.iter().map(|s| s.total_us).collect());
     let med = |f: fn(&StageTimes) -> f64| median(st.iter().map(f).collect());
     Ok(Timing {
         stages: StageTimes {
             zeroing_us: med(|s| s.zeroing_us),
             gradients_us: med(|s| s.gradients_us),
             cast_us: med(|s| s.cast_us),
-            total_us: tot[tot.len() / 2],
+            total_us: tot.median,
         },
-        min_us: tot[0],
-        p90_us: tot[(tot.len() * 9 / 10).min(tot.len() - 1)],
+        min_us: tot.min,
+        p90_us: tot.p90,
     })
 }
 
@@ -847,10 +1109,6 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
     }
     if let (Some(out_file), Some(out)) = (out_file, &cli.output) {
         let o = d.download(&stream, &opts);
-        let grad = |v: &[f64], dt: GradDtype| match dt {
-            GradDtype::F32 => GradVec::F32(v.iter().map(|&x| x as f32).collect()),
-            GradDtype::Bf16 => GradVec::Bf16(v.iter().map(|&x| bf16::from_f64(x)).collect()),
-        };
         let meta = [
             ("input", inp.clone()),
             ("backend", "gpu".to_string()),
@@ -863,8 +1121,8 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
             &shape,
             &o.grad_signal,
             &o.d_index_q,
-            &grad(&o.d_weights, opts.d_weights),
-            &grad(&o.d_index_k, opts.d_index_k),
+            &grad_vec(&o.d_weights, opts.d_weights),
+            &grad_vec(&o.d_index_k, opts.d_index_k),
             &meta,
             &out.display().to_string(),
         )?;

@@ -1,7 +1,10 @@
 //! Replays a dense-mode case: reads the dense tensors by name from a
 //! `.safetensors` file, runs the dense backward and writes the outputs to
-//! another `.safetensors` file. Dense mode has no GPU kernel yet, so this
-//! runs the CPU path (`dense::run`), whatever the machine.
+//! another `.safetensors` file with `dense::run`: on GPU 0 where the dense
+//! plan runs there (`dense::Plan::on_gpu`; compute capability 9.0), else
+//! on the CPU. It prints which (`ran on the gpu` / `ran on the cpu`) and
+//! stores it as the output's `backend` metadata. (`indexer-bench
+//! --dense-input` times the GPU path on such a file.)
 //!
 //! ```text
 //! cargo run --release -p indexer-tests --bin indexer-dense-replay -- IN.safetensors OUT.safetensors
@@ -24,7 +27,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Replays a dumped dense indexer-backward case and writes the gradients
-/// to OUT (on the CPU: dense mode has no GPU kernel yet).
+/// to OUT (on GPU 0 where the dense plan runs there, else on the CPU).
 #[derive(Parser, Debug)]
 #[command(name = "indexer-dense-replay", version)]
 struct Cli {
