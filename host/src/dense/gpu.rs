@@ -232,73 +232,24 @@ impl DenseGpu {
                 &d,
             )?
         };
+        let call = Call {
+            accum,
+            flags,
+            coeff,
+            visible,
+        };
         match &self.stage2 {
             Stage2::Tiles {
                 kernel,
                 items,
                 n_items,
             } => {
-                let (items, _g2) = items.device_ptr(stream);
-                let t = DenseTileParams {
-                    index_q: p.q,
-                    weights: p.w,
-                    index_k: p.k,
-                    grad_signal: p.score,
-                    visible,
-                    items,
-                    d_index_q: p.dq,
-                    d_weights: p.dw,
-                    dk_accum: accum,
-                    n_items: *n_items,
-                    cols: s.topk as u32,
-                    sm_scale: opts.sm_scale,
-                    flags,
-                };
-                // SAFETY: the tile kernel as stage 1's programmatic
-                // dependent (it waits before reading grad_signal or adding
-                // to the accumulator): the plan's items for this shape
-                // (at least one: every row has a row item), checked
-                // buffers, one CTA per item.
-                unsafe {
-                    gpu::launch_pdl(
-                        stream,
-                        kernel,
-                        *n_items,
-                        DENSE_TILE_THREADS,
-                        kernels_gpu::dense_wg::SMEM.bytes,
-                        &t,
-                    )?
-                };
+                // SAFETY: forwarded; stage 1 is on the stream before it.
+                unsafe { self.launch_tiles(stream, p, opts, &call, kernel, items, *n_items)? }
             }
             Stage2::Sparse { wgmma, ids, .. } => {
-                let (ids, _g2) = ids.device_ptr(stream);
-                // Stage 2 reads grad_signal where stage 1 wrote it
-                // (`index_score`) and the plan's key ids; it never reads
-                // `index_score` as scores.
-                let g = GradParams {
-                    index_q: p.q,
-                    weights: p.w,
-                    index_k: p.k,
-                    attn_score: p.score,
-                    index_score: p.score,
-                    topk_indices: ids,
-                    grad_loss: p.grad_loss,
-                    d_index_q: p.dq,
-                    d_weights: p.dw,
-                    dk_accum: accum,
-                    batch: 1,
-                    seq_q: s.seq_q as u32,
-                    seq_k: s.seq_k as u32,
-                    topk: s.topk as u32,
-                    sm_scale: opts.sm_scale,
-                    coeff,
-                    flags,
-                    heads: s.heads as u32,
-                };
-                // SAFETY: the wgmma kernels of the sparse shape on the
-                // same buffers (ids of the plan: valid key rows or -1), as
-                // stage 1's programmatic dependents.
-                unsafe { wgmma.launch_stage2(stream, g)? };
+                // SAFETY: forwarded; stage 1 is on the stream before it.
+                unsafe { self.launch_sparse(stream, p, opts, &call, wgmma, ids)? }
             }
         }
         if opts.d_index_k == GradDtype::Bf16 {
@@ -309,6 +260,110 @@ impl DenseGpu {
         }
         Ok(())
     }
+
+    /// Stage 2 by the tile kernel, as stage 1's programmatic dependent.
+    ///
+    /// # Safety
+    /// As [`DenseGpu::launch`], after stage 1 on `stream`; `kernel`,
+    /// `items` and `n_items` are this plan's.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_tiles(
+        &self,
+        stream: &CudaStream,
+        p: &Ptrs,
+        opts: &Options,
+        call: &Call,
+        kernel: &CudaFunction,
+        items: &CudaSlice<u32>,
+        n_items: u32,
+    ) -> Result<()> {
+        let (items, _g) = items.device_ptr(stream);
+        let t = DenseTileParams {
+            index_q: p.q,
+            weights: p.w,
+            index_k: p.k,
+            grad_signal: p.score,
+            visible: call.visible,
+            items,
+            d_index_q: p.dq,
+            d_weights: p.dw,
+            dk_accum: call.accum,
+            n_items,
+            cols: self.sparse.topk as u32,
+            sm_scale: opts.sm_scale,
+            flags: call.flags,
+        };
+        // SAFETY: the tile kernel as stage 1's programmatic dependent (it
+        // waits before reading grad_signal or adding to the accumulator):
+        // the plan's items for this shape (at least one: every row has a
+        // row item), checked buffers, one CTA per item.
+        unsafe {
+            gpu::launch_pdl(
+                stream,
+                kernel,
+                n_items,
+                DENSE_TILE_THREADS,
+                kernels_gpu::dense_wg::SMEM.bytes,
+                &t,
+            )
+        }
+    }
+
+    /// Stage 2 by the sparse path's wgmma kernels on the equivalent sparse
+    /// problem, as stage 1's programmatic dependents.
+    ///
+    /// # Safety
+    /// As [`DenseGpu::launch`], after stage 1 on `stream`; `wgmma` and
+    /// `ids` are this plan's.
+    unsafe fn launch_sparse(
+        &self,
+        stream: &CudaStream,
+        p: &Ptrs,
+        opts: &Options,
+        call: &Call,
+        wgmma: &Wgmma,
+        ids: &CudaSlice<i32>,
+    ) -> Result<()> {
+        let s = &self.sparse;
+        let (ids, _g) = ids.device_ptr(stream);
+        // Stage 2 reads grad_signal where stage 1 wrote it (`index_score`)
+        // and the plan's key ids; it never reads `index_score` as scores.
+        let g = GradParams {
+            index_q: p.q,
+            weights: p.w,
+            index_k: p.k,
+            attn_score: p.score,
+            index_score: p.score,
+            topk_indices: ids,
+            grad_loss: p.grad_loss,
+            d_index_q: p.dq,
+            d_weights: p.dw,
+            dk_accum: call.accum,
+            batch: 1,
+            seq_q: s.seq_q as u32,
+            seq_k: s.seq_k as u32,
+            topk: s.topk as u32,
+            sm_scale: opts.sm_scale,
+            coeff: call.coeff,
+            flags: call.flags,
+            heads: s.heads as u32,
+        };
+        // SAFETY: the wgmma kernels of the sparse shape on the same buffers
+        // (ids of the plan: valid key rows or -1).
+        unsafe { wgmma.launch_stage2(stream, g) }
+    }
+}
+
+/// What stage 1 and stage 2 of one call share.
+struct Call {
+    /// The f32 dK accumulator (`d_index_k` or the workspace).
+    accum: u64,
+    /// `FLAG_*` bits.
+    flags: u32,
+    /// `loss_coeff / rows`.
+    coeff: f32,
+    /// The visible counts' device address.
+    visible: u64,
 }
 
 /// The equivalent sparse problem's key ids (`(rows, cols)`, global) and
