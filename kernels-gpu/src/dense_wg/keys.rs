@@ -85,6 +85,8 @@ pub(super) unsafe fn run(
     let (mut dk0, mut dk1) = ([0.0f32; 32], [0.0f32; 32]);
     let mine = col0 + TILE_KEYS * c.wg + 16 * warp + g;
     let mut l = if rows > 0 { vis(row_begin) } else { 0 };
+    // S^T of the current row (loop-carried: each product overwrites it).
+    let mut s = [0.0f32; 32];
     let mut r = 0;
     while r < rows {
         // SAFETY: every thread runs the same trip count.
@@ -100,7 +102,6 @@ pub(super) unsafe fn run(
         }
         cp_async::commit_group();
         let st = c.stage(r);
-        let mut s = [0.0f32; 32];
         let slot = TILE_KEYS * c.wg + 16 * warp + g;
         // SAFETY: whole warpgroup; the K tiles and the row's q landed;
         // the grad_signal and weight words of the row landed or were

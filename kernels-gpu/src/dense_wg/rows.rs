@@ -80,6 +80,8 @@ pub(super) unsafe fn run(c: &Ctx<'_>, row0: u32, nrows: u32, key_start: u32, til
     // SAFETY: this row's weights.
     let w = unsafe { [bf16_to_f32(*wt.add(head(0))), bf16_to_f32(*wt.add(head(1)))] };
     let (mut dq0, mut dq1, mut dw) = ([0.0f32; 32], [0.0f32; 32], [0.0f32; 2]);
+    // S of the current tile (loop-carried: each product overwrites it).
+    let mut s = [0.0f32; 32];
     let mut t = 0;
     let n = sync::opaque_u32(tiles);
     while t < n {
@@ -91,7 +93,6 @@ pub(super) unsafe fn run(c: &Ctx<'_>, row0: u32, nrows: u32, key_start: u32, til
         cp_async::commit_group();
         if me {
             let st = c.stage(t);
-            let mut s = [0.0f32; 32];
             let gs = load::gs_at(c, t, TILE_KEYS * c.wg);
             // SAFETY: whole warpgroup; q and K tile `t` landed; the
             // grad_signal words are this row's (landed).

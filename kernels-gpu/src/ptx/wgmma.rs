@@ -388,8 +388,9 @@ macro_rules! regs32_e {
     };
 }
 
-/// `D(64x64) = A(64x128) B(128x64)` (overwriting `acc`): eight
-/// `m64n64k16` steps, A and B K-major, each stored as two 64-column
+/// `D(64x64) = A(64x128) B(128x64)` (overwriting `acc`, whose values on
+/// entry are ignored: the first step's scale-d is 0, so callers need not
+/// zero it): eight `m64n64k16` steps, A and B K-major, each stored as two 64-column
 /// swizzle blocks 8192 bytes apart (step `k` starts `32 (k % 4)` bytes into
 /// a row of block `k / 4`), then `wait_group 0`. Dense mode's logits: q of
 /// a row against 64 keys, or 64 keys against q of a row.
@@ -402,7 +403,6 @@ macro_rules! regs32_e {
 /// to this warpgroup by a barrier; no other wgmma group is pending.
 #[inline(always)]
 pub unsafe fn s_m64n64_k128(acc: &mut [f32; 32], a: u64, b: u64) {
-    *acc = [0.0; 32];
     // SAFETY: forwarded from the caller. The asm waits for its own group,
     // so the accumulators are final when it returns. Not `pure`/`nomem`:
     // it reads shared memory and is warpgroup-collective.
@@ -411,7 +411,13 @@ pub unsafe fn s_m64n64_k128(acc: &mut [f32; 32], a: u64, b: u64) {
             acc,
             [
                 open_chain!(),
-                mma!("m64n64k16", regs32!(), "{a}", "{b}", 0, 0),
+                // The first step with scale-d from `z` (false): D = A B.
+                "{{\n.reg .pred z;\nsetp.ne.u32 z, 1, 1;",
+                concat!(
+                    "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 ",
+                    regs32!(),
+                    ", {a}, {b}, z, 1, 1, 0, 0;\n}}"
+                ),
                 step!("m64n64k16", regs32!(), "{a}", 2, "{b}", 2, 0, 0),
                 step!("m64n64k16", regs32!(), "{a}", 4, "{b}", 4, 0, 0),
                 step!("m64n64k16", regs32!(), "{a}", 6, "{b}", 6, 0, 0),
