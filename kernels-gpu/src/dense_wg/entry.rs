@@ -1,7 +1,7 @@
 //! The entry of the dense tile kernel: the context every role receives,
 //! and the dispatch of the CTA's work item to its kind.
 
-use super::{keys, rows, SMEM, WARPGROUPS};
+use super::{keys, rows, SMEM};
 use crate::abi::{
     DenseTileParams, DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS, DENSE_TILE_THREADS,
 };
@@ -81,7 +81,6 @@ pub unsafe extern "ptx-kernel" fn indexer_dense_bwd_wg_h64_d128(p: DenseTilePara
         t: tid % 128,
         base: SmemAddr((raw + 1023) & !1023),
     };
-    const _: () = assert!(WARPGROUPS == 2);
     let item = p.items as *const u32;
     let at = sreg::block_idx_x() as usize * DENSE_ITEM_WORDS;
     // SAFETY: block < n_items, inside the item array; CTA-uniform loads.

@@ -2,7 +2,9 @@
 //! one of them (module note of `super`).
 
 use super::entry::Ctx;
-use super::{desc, gate, load, BLOCK_BYTES, GLOBAL_ROW_BYTES, HEADS, SMEM, TILE_KEYS};
+use super::{
+    desc, gate, load, BLOCK_BYTES, GLOBAL_ROW_BYTES, HEADS, ITEM_KEYS, SMEM, TILE_KEYS, WARPGROUPS,
+};
 use crate::abi::DENSE_TILE_THREADS;
 use crate::ptx::cvt::bf16_to_f32;
 use crate::ptx::global::red_add_v2_f32;
@@ -10,9 +12,13 @@ use crate::ptx::{cp_async, smem, sync, wgmma};
 
 /// Threads that stage a row's weights: one 32-bit word (two heads) each.
 const W_THREADS: u32 = HEADS / 2;
-/// The first of them (the second warpgroup's first warp: the first
-/// warpgroup's threads issue the grad_signal copies).
-const W_FIRST: u32 = 128;
+/// The first of them: past the threads that issue the grad_signal
+/// copies where the CTA has room, else the second warpgroup's first warp.
+const W_FIRST: u32 = if ITEM_KEYS + W_THREADS <= DENSE_TILE_THREADS {
+    ITEM_KEYS
+} else {
+    128
+};
 
 /// Runs the key item `[KEYS, key_start, col0, nkeys, row_begin, row_end]`.
 ///
@@ -33,7 +39,7 @@ pub(super) unsafe fn run(
     let (q, wt) = (p.index_q as *const u8, p.weights as *const u16);
     // SAFETY: rows of the item are query rows (launch contract).
     let vis = |i: u32| unsafe { *(p.visible as *const u32).add(i as usize) };
-    for i in 0..2 {
+    for i in 0..WARPGROUPS {
         let first = (key_start + col0 + TILE_KEYS * i) as usize;
         let valid = nkeys.saturating_sub(TILE_KEYS * i).min(TILE_KEYS);
         // SAFETY: keys below `nkeys` are keys of the batch.
@@ -57,7 +63,7 @@ pub(super) unsafe fn run(
         unsafe {
             let at = i as usize * (HEADS * GLOBAL_ROW_BYTES) as usize;
             load::tile(c.stage(s), q.add(at), q, HEADS, c.tid, DENSE_TILE_THREADS);
-            if c.tid < 2 * TILE_KEYS {
+            if c.tid < ITEM_KEYS {
                 let col = col0 + c.tid;
                 load::gs(c, s, c.tid, load::gs_src(c, i, col), col < l);
             }

@@ -2,7 +2,7 @@
 //! key tiles of its visible keys (module note of `super`).
 
 use super::entry::Ctx;
-use super::{desc, gate, load, BLOCK_BYTES, GLOBAL_ROW_BYTES, HEADS, TILE_KEYS};
+use super::{desc, gate, load, BLOCK_BYTES, GLOBAL_ROW_BYTES, HEADS, ITEM_ROWS, TILE_KEYS};
 use crate::abi::FLAG_DW_F32;
 use crate::ptx::cvt::{bf16_to_f32, pack_bf16x2};
 use crate::ptx::{cp_async, smem, sync, wgmma};
@@ -21,21 +21,16 @@ pub(super) unsafe fn run(c: &Ctx<'_>, row0: u32, nrows: u32, key_start: u32, til
     let (g, c2) = (lane / 4, 2 * (lane % 4));
     // SAFETY: rows of the item are query rows (launch contract).
     let vis = |k: u32| unsafe { *(p.visible as *const u32).add((row0 + k) as usize) };
-    // (Two scalars, not an array indexed at run time: that would live in
-    // local memory.)
-    let (l0, l1) = (vis(0), if nrows > 1 { vis(1) } else { 0 });
-    let longest = l0.max(l1);
-    let l_of = |r: u32| if r == 0 { l0 } else { l1 };
+    // Visibility grows with the row inside a batch: the last row of the
+    // item is the longest.
+    let longest = vis(nrows - 1);
+    let mine = if me { vis(c.wg) } else { 0 };
     let (q, k) = (p.index_q as *const u8, p.index_k as *const u8);
     // The grad_signal word this thread copies per tile (threads below
-    // 128: row `tid / 64`, key `tid % 64` of the tile) and the limit of
-    // its row (0: none).
+    // ITEM_ROWS * 64: row `tid / 64`, key `tid % 64` of the tile) and the
+    // limit of its row (0: none).
     let (gr, gj) = (c.tid / TILE_KEYS, c.tid % TILE_KEYS);
-    let glim = if c.tid < 2 * TILE_KEYS && gr < nrows {
-        l_of(gr)
-    } else {
-        0
-    };
+    let glim = if gr < nrows { vis(gr) } else { 0 };
     let gsrc = load::gs_src(c, row0 + gr.min(nrows - 1), gj);
     let ksrc = k.wrapping_add(key_start as usize * GLOBAL_ROW_BYTES as usize);
     // K tile `t` into stage `t` (keys past the longest row zero-filled)
@@ -54,7 +49,7 @@ pub(super) unsafe fn run(c: &Ctx<'_>, row0: u32, nrows: u32, key_start: u32, til
                 c.tid,
                 crate::abi::DENSE_TILE_THREADS,
             );
-            if c.tid < 2 * TILE_KEYS {
+            if c.tid < ITEM_ROWS * TILE_KEYS {
                 let ok = TILE_KEYS * t + gj < glim;
                 load::gs(
                     c,
@@ -103,7 +98,7 @@ pub(super) unsafe fn run(c: &Ctx<'_>, row0: u32, nrows: u32, key_start: u32, til
                     p.sm_scale,
                     w,
                     |j| smem::ld_v2_f32(gs.add(4 * (8 * j + c2))),
-                    l_of(c.wg).saturating_sub(TILE_KEYS * t),
+                    mine.saturating_sub(TILE_KEYS * t),
                     c2,
                     &mut dw,
                 );
