@@ -1,59 +1,16 @@
-//! The entry of the dense tile kernel: the context every role receives,
-//! and the dispatch of the CTA's work item to its kind.
+//! The entry of the dense tile kernel: the context, and the dispatch of
+//! the CTA's work item to its kind.
 
-use super::{keys, rows, SMEM};
+use super::ctx::Ctx;
+use super::{keys, rows};
 use crate::abi::{
     DenseTileParams, DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS, DENSE_TILE_THREADS,
 };
 use crate::ptx::smem::{self, SmemAddr};
-use crate::ptx::{cp_async, griddep, sreg, sync};
+use crate::ptx::{griddep, sreg, sync};
 use crate::registry::DENSE_WG;
 
 const _: () = assert!(DENSE_WG.threads == DENSE_TILE_THREADS);
-
-/// What every role reads: the parameters, this thread's place, the
-/// shared-memory map.
-pub(super) struct Ctx<'a> {
-    /// The launch's parameters.
-    pub p: &'a DenseTileParams,
-    /// Thread index in the CTA.
-    pub tid: u32,
-    /// This thread's warpgroup.
-    pub wg: u32,
-    /// Thread index in its warpgroup.
-    pub t: u32,
-    /// The 1024-aligned base of dynamic shared memory.
-    pub base: SmemAddr,
-}
-
-impl Ctx<'_> {
-    /// Fixed tile `i` (one per warpgroup).
-    #[inline(always)]
-    pub fn fixed(&self, i: u32) -> SmemAddr {
-        self.base.add(SMEM.fixed + i * super::TILE_BYTES)
-    }
-
-    /// Stage `s` of the ring (its tile).
-    #[inline(always)]
-    pub fn stage(&self, s: u32) -> SmemAddr {
-        self.base.add(SMEM.ring + (s % super::STAGES) * SMEM.stage)
-    }
-
-    /// Waits for this thread's copies, hands them to the async proxy
-    /// (wgmma reads them) and meets the CTA: afterwards every copy issued
-    /// before is visible to every warpgroup's products, and every product
-    /// and shared read issued before by any thread is complete.
-    ///
-    /// # Safety
-    /// Every thread of the CTA reaches it (uniform control flow).
-    #[inline(always)]
-    pub unsafe fn landed(&self) {
-        cp_async::wait_all();
-        crate::ptx::bulk::fence_proxy_async_shared();
-        // SAFETY: the caller's contract.
-        unsafe { sync::bar_sync() };
-    }
-}
 
 /// Dense stage 2 over key tiles, H = 64, D = 128 (module note). Launch:
 /// grid `p.n_items`, [`DENSE_TILE_THREADS`] threads, `SMEM.bytes` of

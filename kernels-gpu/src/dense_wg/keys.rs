@@ -1,7 +1,7 @@
 //! Key items: dK of 64 keys per warpgroup, over every query row that sees
 //! one of them (module note of `super`).
 
-use super::entry::Ctx;
+use super::ctx::Ctx;
 use super::{
     desc, gate, load, BLOCK_BYTES, GLOBAL_ROW_BYTES, HEADS, ITEM_KEYS, SMEM, TILE_KEYS, WARPGROUPS,
 };

@@ -3,7 +3,7 @@
 //! weights (2-byte aligned in global memory: plain loads, stored a row
 //! ahead).
 
-use super::entry::Ctx;
+use super::ctx::Ctx;
 use super::{BLOCK_BYTES, GLOBAL_ROW_BYTES, SMEM};
 use crate::ptx::cp_async;
 use crate::ptx::smem::SmemAddr;

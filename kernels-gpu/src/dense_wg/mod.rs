@@ -34,6 +34,8 @@
 //! scalars (grad_signal, and the key item's weights).
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod ctx;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod entry;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod gate;

@@ -1,7 +1,7 @@
 //! Row items: dQ and d_weights of one query row per warpgroup, over the
 //! key tiles of its visible keys (module note of `super`).
 
-use super::entry::Ctx;
+use super::ctx::Ctx;
 use super::{desc, gate, load, BLOCK_BYTES, GLOBAL_ROW_BYTES, HEADS, ITEM_ROWS, TILE_KEYS};
 use crate::abi::FLAG_DW_F32;
 use crate::ptx::cvt::{bf16_to_f32, pack_bf16x2};
