@@ -201,7 +201,7 @@ mod tests {
     fn layout_fits_two_ctas_and_aligns_tiles() {
         assert_eq!(SMEM.ring, 2 * 16384);
         assert_eq!(SMEM.stage, 17408);
-        assert!(SMEM.w + W_BYTES <= SMEM.stage);
+        const { assert!(SMEM.w + W_BYTES <= SMEM.stage) };
         assert_eq!(SMEM.bytes, 2 * 16384 + 2 * 17408 + 1024);
     }
 
@@ -211,7 +211,7 @@ mod tests {
         for row in 0..64 {
             for col in 0..DIM {
                 let o = tile_at(0, row, col);
-                assert!(o < TILE_BYTES && o % 2 == 0);
+                assert!(o < TILE_BYTES && o.is_multiple_of(2));
                 assert!(!seen[o as usize / 2]);
                 seen[o as usize / 2] = true;
             }
