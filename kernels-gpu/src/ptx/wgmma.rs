@@ -516,3 +516,103 @@ pub unsafe fn rs_m64n128_k64(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[u32; 1
         )
     }
 }
+
+/// [`rs_m64n128_k64`] as four `m64n128k16` steps: one instruction covers
+/// both 64-column swizzle blocks of B (`lbo` of `b` the bytes between
+/// them), `d0` holding columns `0..64` and `d1` columns `64..128` (the
+/// `m64n128` accumulator list is `d0` then `d1`).
+///
+/// # Safety
+/// As [`rs_m64n128_k64`]; `b`'s `lbo` is the offset of the second block.
+#[inline(always)]
+pub unsafe fn rs_m64n128_k64_wide(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[u32; 16], b: u64) {
+    // SAFETY: forwarded from the caller; all 64 accumulators are in/out
+    // operands of the one asm that also waits for the group.
+    unsafe {
+        asm_acc32!(
+            d0,
+            [
+                "wgmma.fence.sync.aligned;\n{{\n.reg .pred p;\n.reg .b64 bk;\nsetp.eq.u32 p, 1, 1;",
+                concat!(
+                    "add.s64 bk, {b}, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
+                    "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}",
+                    ", ",
+                    regs_a!(0),
+                    ", bk, p, 1, 1, 1;"
+                ),
+                concat!(
+                    "add.s64 bk, {b}, 128;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
+                    "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}",
+                    ", ",
+                    regs_a!(1),
+                    ", bk, p, 1, 1, 1;"
+                ),
+                concat!(
+                    "add.s64 bk, {b}, 256;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
+                    "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}",
+                    ", ",
+                    regs_a!(2),
+                    ", bk, p, 1, 1, 1;"
+                ),
+                concat!(
+                    "add.s64 bk, {b}, 384;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
+                    "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}",
+                    ", ",
+                    regs_a!(3),
+                    ", bk, p, 1, 1, 1;"
+                ),
+                close_chain!(),
+                "wgmma.wait_group.sync.aligned 0;",
+            ],
+            e0 = inout(reg32) d1[0],
+            e1 = inout(reg32) d1[1],
+            e2 = inout(reg32) d1[2],
+            e3 = inout(reg32) d1[3],
+            e4 = inout(reg32) d1[4],
+            e5 = inout(reg32) d1[5],
+            e6 = inout(reg32) d1[6],
+            e7 = inout(reg32) d1[7],
+            e8 = inout(reg32) d1[8],
+            e9 = inout(reg32) d1[9],
+            e10 = inout(reg32) d1[10],
+            e11 = inout(reg32) d1[11],
+            e12 = inout(reg32) d1[12],
+            e13 = inout(reg32) d1[13],
+            e14 = inout(reg32) d1[14],
+            e15 = inout(reg32) d1[15],
+            e16 = inout(reg32) d1[16],
+            e17 = inout(reg32) d1[17],
+            e18 = inout(reg32) d1[18],
+            e19 = inout(reg32) d1[19],
+            e20 = inout(reg32) d1[20],
+            e21 = inout(reg32) d1[21],
+            e22 = inout(reg32) d1[22],
+            e23 = inout(reg32) d1[23],
+            e24 = inout(reg32) d1[24],
+            e25 = inout(reg32) d1[25],
+            e26 = inout(reg32) d1[26],
+            e27 = inout(reg32) d1[27],
+            e28 = inout(reg32) d1[28],
+            e29 = inout(reg32) d1[29],
+            e30 = inout(reg32) d1[30],
+            e31 = inout(reg32) d1[31],
+            a0 = in(reg32) a[0],
+            a1 = in(reg32) a[1],
+            a2 = in(reg32) a[2],
+            a3 = in(reg32) a[3],
+            a4 = in(reg32) a[4],
+            a5 = in(reg32) a[5],
+            a6 = in(reg32) a[6],
+            a7 = in(reg32) a[7],
+            a8 = in(reg32) a[8],
+            a9 = in(reg32) a[9],
+            a10 = in(reg32) a[10],
+            a11 = in(reg32) a[11],
+            a12 = in(reg32) a[12],
+            a13 = in(reg32) a[13],
+            a14 = in(reg32) a[14],
+            a15 = in(reg32) a[15],
+            b = in(reg64) b,
+        )
+    }
+}
