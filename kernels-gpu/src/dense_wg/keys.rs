@@ -122,7 +122,7 @@ pub(super) unsafe fn run(
                 let u = smem::ld_u32(st.add(SMEM.w + 2 * (8 * j + c2)));
                 [bf16_to_f32(u as u16), bf16_to_f32((u >> 16) as u16)]
             });
-            wgmma::rs_m64n128_k64_wide(&mut dk0, &mut dk1, &a, desc(st.0, BLOCK_BYTES));
+            wgmma::rs_m64n128_k64(&mut dk0, &mut dk1, &a, desc(st.0, BLOCK_BYTES));
         }
         if r + 1 < rows && stager {
             put_w(r + 1, wnext);

@@ -102,7 +102,7 @@ pub(super) unsafe fn run(c: &Ctx<'_>, row0: u32, nrows: u32, key_start: u32, til
                     c2,
                     &mut dw,
                 );
-                wgmma::rs_m64n128_k64_wide(&mut dq0, &mut dq1, &a, desc(st.0, BLOCK_BYTES));
+                wgmma::rs_m64n128_k64(&mut dq0, &mut dq1, &a, desc(st.0, BLOCK_BYTES));
             }
         }
         t += 1;

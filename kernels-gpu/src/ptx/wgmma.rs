@@ -360,34 +360,6 @@ macro_rules! regs_a {
     };
 }
 
-/// One register-A `wgmma.mma_async` of `m64n64k16` (bf16, f32
-/// accumulators, scale-d from `p`, unit scales) on the accumulator list
-/// `$regs`, A registers of K step `$k`, B descriptor `$b` advanced by
-/// `$db` 16-byte units, B MN-major (transpose flag 1).
-macro_rules! mma_rs {
-    ($regs:expr, $k:tt, $b:literal, $db:literal) => {
-        concat!(
-            "add.s64 bk, ",
-            $b,
-            ", ",
-            $db,
-            ";\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 ",
-            $regs,
-            ", ",
-            regs_a!($k),
-            ", bk, p, 1, 1, 1;"
-        )
-    };
-}
-
-/// The accumulator list of the second `m64n64` tile of a pair in a
-/// template: `{e0, ..., e31}`.
-macro_rules! regs32_e {
-    () => {
-        "{{{e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}"
-    };
-}
-
 /// `D(64x64) = A(64x128) B(128x64)` (overwriting `acc`, whose values on
 /// entry are ignored: the first step's scale-d is 0, so callers need not
 /// zero it): eight `m64n64k16` steps, A and B K-major, each stored as two 64-column
@@ -435,97 +407,20 @@ pub unsafe fn s_m64n64_k128(acc: &mut [f32; 32], a: u64, b: u64) {
 }
 
 /// `[D0 D1](64x128) += A(64x64) B(64x128)` with A in registers: A is the
-/// bf16 fragment `a` (K step `k` in `a[4k..4k + 4]`, the `m64k16` A layout:
-/// what an `m64n64` accumulator packs into, see [`pack_a`]); B is MN-major
-/// (rows along K, step `k` 16 rows = 2048 bytes further) in two 64-column
-/// swizzle blocks 8192 bytes apart, columns `0..64` into `d0` and `64..128`
-/// into `d1`. Eight `m64n64k16` steps in one group, then `wait_group 0`.
-/// Dense mode's dQ += dS K and dK += dS^T q.
+/// bf16 fragment `a` (K step `k` in `a[4k..4k + 4]`, the `m64k16` A
+/// layout: what an `m64n64` accumulator packs into, `dense_wg::pack_a`);
+/// B is MN-major (rows along K, step `k` 16 rows = 2048 bytes further) in
+/// two 64-column swizzle blocks, the descriptor's `lbo` the bytes between
+/// them; columns `0..64` accumulate into `d0` and `64..128` into `d1`
+/// (the `m64n128` accumulator list is `d0` then `d1`). Four
+/// `m64n128k16` steps in one group, then `wait_group 0`. Dense mode's
+/// dQ += dS K and dK += dS^T q.
 ///
 /// # Safety
-/// As [`s_m64n64_k128`] for `b`.
+/// As [`s_m64n64_k128`] for `b`, whose `lbo` is the offset of the second
+/// block.
 #[inline(always)]
 pub unsafe fn rs_m64n128_k64(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[u32; 16], b: u64) {
-    // SAFETY: forwarded from the caller; all 64 accumulators are in/out
-    // operands of the one asm that also waits for the group.
-    unsafe {
-        asm_acc32!(
-            d0,
-            [
-                "wgmma.fence.sync.aligned;\n{{\n.reg .pred p;\n.reg .b64 bk;\nsetp.eq.u32 p, 1, 1;",
-                mma_rs!(regs32!(), 0, "{b}", 0),
-                mma_rs!(regs32!(), 1, "{b}", 128),
-                mma_rs!(regs32!(), 2, "{b}", 256),
-                mma_rs!(regs32!(), 3, "{b}", 384),
-                mma_rs!(regs32_e!(), 0, "{b}", 512),
-                mma_rs!(regs32_e!(), 1, "{b}", 640),
-                mma_rs!(regs32_e!(), 2, "{b}", 768),
-                mma_rs!(regs32_e!(), 3, "{b}", 896),
-                close_chain!(),
-                "wgmma.wait_group.sync.aligned 0;",
-            ],
-            e0 = inout(reg32) d1[0],
-            e1 = inout(reg32) d1[1],
-            e2 = inout(reg32) d1[2],
-            e3 = inout(reg32) d1[3],
-            e4 = inout(reg32) d1[4],
-            e5 = inout(reg32) d1[5],
-            e6 = inout(reg32) d1[6],
-            e7 = inout(reg32) d1[7],
-            e8 = inout(reg32) d1[8],
-            e9 = inout(reg32) d1[9],
-            e10 = inout(reg32) d1[10],
-            e11 = inout(reg32) d1[11],
-            e12 = inout(reg32) d1[12],
-            e13 = inout(reg32) d1[13],
-            e14 = inout(reg32) d1[14],
-            e15 = inout(reg32) d1[15],
-            e16 = inout(reg32) d1[16],
-            e17 = inout(reg32) d1[17],
-            e18 = inout(reg32) d1[18],
-            e19 = inout(reg32) d1[19],
-            e20 = inout(reg32) d1[20],
-            e21 = inout(reg32) d1[21],
-            e22 = inout(reg32) d1[22],
-            e23 = inout(reg32) d1[23],
-            e24 = inout(reg32) d1[24],
-            e25 = inout(reg32) d1[25],
-            e26 = inout(reg32) d1[26],
-            e27 = inout(reg32) d1[27],
-            e28 = inout(reg32) d1[28],
-            e29 = inout(reg32) d1[29],
-            e30 = inout(reg32) d1[30],
-            e31 = inout(reg32) d1[31],
-            a0 = in(reg32) a[0],
-            a1 = in(reg32) a[1],
-            a2 = in(reg32) a[2],
-            a3 = in(reg32) a[3],
-            a4 = in(reg32) a[4],
-            a5 = in(reg32) a[5],
-            a6 = in(reg32) a[6],
-            a7 = in(reg32) a[7],
-            a8 = in(reg32) a[8],
-            a9 = in(reg32) a[9],
-            a10 = in(reg32) a[10],
-            a11 = in(reg32) a[11],
-            a12 = in(reg32) a[12],
-            a13 = in(reg32) a[13],
-            a14 = in(reg32) a[14],
-            a15 = in(reg32) a[15],
-            b = in(reg64) b,
-        )
-    }
-}
-
-/// [`rs_m64n128_k64`] as four `m64n128k16` steps: one instruction covers
-/// both 64-column swizzle blocks of B (`lbo` of `b` the bytes between
-/// them), `d0` holding columns `0..64` and `d1` columns `64..128` (the
-/// `m64n128` accumulator list is `d0` then `d1`).
-///
-/// # Safety
-/// As [`rs_m64n128_k64`]; `b`'s `lbo` is the offset of the second block.
-#[inline(always)]
-pub unsafe fn rs_m64n128_k64_wide(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[u32; 16], b: u64) {
     // SAFETY: forwarded from the caller; all 64 accumulators are in/out
     // operands of the one asm that also waits for the group.
     unsafe {
