@@ -165,16 +165,62 @@ fn rejected_dense_calls_leave_every_buffer_untouched() {
     ));
 }
 
+/// The sizes of one random case, drawn by the strategies below.
+struct Draw {
+    packed: bool,
+    batches: usize,
+    seq_q: usize,
+    seq_k: usize,
+    heads: usize,
+    dim: usize,
+    ratio: usize,
+    offsets: Vec<i64>,
+    dk16: bool,
+    dw32: bool,
+}
+
+impl Draw {
+    /// The case's shape and options: BSHD, or packed with batch `i`
+    /// holding `seq_q - q_step i` query rows (at least one in the first
+    /// batch, possibly none later) and `seq_k - k_step i` keys (at least
+    /// one); the first `batches` offsets; `sm_scale` as given.
+    fn build(self, q_step: usize, k_step: usize, sm_scale: f32) -> (dense::Shape, Options) {
+        let (b, h, d) = (self.batches, self.heads, self.dim);
+        let shape = if self.packed {
+            let (mut cq, mut ck) = (vec![0], vec![0]);
+            for i in 0..b {
+                let q = self
+                    .seq_q
+                    .saturating_sub(q_step * i)
+                    .max(usize::from(i == 0));
+                cq.push(cq[i] + q);
+                ck.push(ck[i] + self.seq_k.saturating_sub(k_step * i).max(1));
+            }
+            dense::Shape::varlen(cq, ck, h, d)
+        } else {
+            dense::Shape::bshd(b, self.seq_q, self.seq_k, h, d)
+        };
+        let dtype = |f32: bool| if f32 { GradDtype::F32 } else { GradDtype::Bf16 };
+        let opts = Options {
+            sm_scale,
+            d_index_k: dtype(!self.dk16),
+            d_weights: dtype(self.dw32),
+            ..Options::default()
+        };
+        let shape = shape
+            .with_q_offset(self.offsets[..b].to_vec())
+            .with_ratio(self.ratio);
+        (shape, opts)
+    }
+}
+
 /// A random dense shape: BSHD (1-3 batches) or packed (1-3 batches of
 /// different lengths), query offsets, ratio 1, 2 or 4, every H x D; more than
-/// 64 key columns (the GPU path's floor), so the key tile past the last
-/// visible column is padded in most rows.
+/// 64 key columns (the sparse strategy's floor), so the key tile past the
+/// last visible column is padded in most rows.
 fn shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> {
     (
-        any::<bool>(),
-        1usize..=3,
-        8usize..=80,
-        65usize..=300,
+        (any::<bool>(), 1usize..=3, 8usize..=80, 65usize..=300),
         prop::sample::select(vec![16usize, 32, 64, 128]),
         prop::sample::select(vec![64usize, 128]),
         prop::sample::select(vec![1usize, 2, 4]),
@@ -183,81 +229,23 @@ fn shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> {
         any::<u64>(),
     )
         .prop_map(
-            |(packed, b, sq, sk, h, d, ratio, off, (dk16, dw32), seed)| {
-                let shape = if packed {
-                    // Batch i: sq - 3 i query rows (the last may be empty),
-                    // sk - 20 i keys.
-                    let (mut cq, mut ck) = (vec![0], vec![0]);
-                    for i in 0..b {
-                        cq.push(cq[i] + sq.saturating_sub(3 * i).max(usize::from(i == 0)));
-                        ck.push(ck[i] + sk - 20 * i);
-                    }
-                    dense::Shape::varlen(cq, ck, h, d)
-                } else {
-                    dense::Shape::bshd(b, sq, sk, h, d)
+            |((packed, batches, seq_q, seq_k), heads, dim, ratio, offsets, (dk16, dw32), seed)| {
+                let draw = Draw {
+                    packed,
+                    batches,
+                    seq_q,
+                    seq_k,
+                    heads,
+                    dim,
+                    ratio,
+                    offsets,
+                    dk16,
+                    dw32,
                 };
-                let opts = Options {
-                    sm_scale: 0.125,
-                    d_index_k: if dk16 {
-                        GradDtype::Bf16
-                    } else {
-                        GradDtype::F32
-                    },
-                    d_weights: if dw32 {
-                        GradDtype::F32
-                    } else {
-                        GradDtype::Bf16
-                    },
-                    ..Options::default()
-                };
-                (
-                    shape.with_q_offset(off[..b].to_vec()).with_ratio(ratio),
-                    opts,
-                    seed,
-                )
+                let (shape, opts) = draw.build(3, 20, 0.125);
+                (shape, opts, seed)
             },
         )
-}
-
-/// 48 random dense problems on the GPU against the f64 dense reference
-/// (`compare_dense`: SPEC's tolerances and 2x the f32/bf16-dS reference),
-/// each run twice with bitwise-equal d_index_q and d_weights. On compute
-/// capability 9.0 the plan must take the GPU path.
-#[test]
-fn dense_gpu_matches_the_reference_on_random_problems() {
-    let Some(ctx) = gpu("dense_gpu_matches_the_reference_on_random_problems") else {
-        return;
-    };
-    let stream = ctx.default_stream();
-    let (major, minor) = ctx.compute_capability().unwrap();
-    let mut runner = TestRunner::new(Config {
-        cases: 48,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
-        .run(&shape_strategy(), |(shape, opts, seed)| {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.05);
-            let plan = Plan::new(&ctx, shape, opts).unwrap();
-            if (major, minor) != (9, 0) {
-                return Ok(());
-            }
-            prop_assert!(plan.on_gpu(), "{:?}", p.shape);
-            let mut d = DenseDevice::upload(&stream, &p, plan.workspace_bytes());
-            d.execute(&plan, &stream, p.loss_coeff).unwrap();
-            let a = d.download(&stream, &opts);
-            let e = compare_dense(&p, &a, CONTINUOUS_FLOORS).map_err(TestCaseError::fail)?;
-            println!("{:?}: {e:?}", p.shape.layout);
-            d.reset_logits(&stream, &p);
-            d.execute(&plan, &stream, p.loss_coeff).unwrap();
-            let b = d.download(&stream, &opts);
-            prop_assert!(same_bits(&a.grad_signal, &b.grad_signal));
-            prop_assert!(same_bits(&a.d_index_q, &b.d_index_q));
-            prop_assert_eq!(a.d_weights_bits, b.d_weights_bits);
-            Ok(())
-        })
-        .unwrap();
 }
 
 /// A random shape for dense mode's tile kernel (H = 64, D = 128): BSHD
@@ -266,69 +254,57 @@ fn dense_gpu_matches_the_reference_on_random_problems() {
 /// and ratios 1, 2 or 4.
 fn tile_shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> {
     (
-        any::<bool>(),
-        1usize..=3,
-        1usize..=150,
-        1usize..=400,
+        (any::<bool>(), 1usize..=3, 1usize..=150, 1usize..=400),
         prop::sample::select(vec![1usize, 2, 4]),
         prop::collection::vec(-40i64..=300, 3),
         any::<(bool, bool)>(),
         any::<u64>(),
     )
-        .prop_map(|(packed, b, sq, sk, ratio, off, (dk16, dw32), seed)| {
-            let shape = if packed {
-                // Batch i: sq - 7 i query rows (0 allowed past the first),
-                // sk - 30 i keys (at least 1).
-                let (mut cq, mut ck) = (vec![0], vec![0]);
-                for i in 0..b {
-                    cq.push(cq[i] + sq.saturating_sub(7 * i).max(usize::from(i == 0)));
-                    ck.push(ck[i] + sk.saturating_sub(30 * i).max(1));
-                }
-                dense::Shape::varlen(cq, ck, 64, 128)
-            } else {
-                dense::Shape::bshd(b, sq, sk, 64, 128)
-            };
-            let opts = Options {
-                sm_scale: 0.25,
-                d_index_k: if dk16 {
-                    GradDtype::Bf16
-                } else {
-                    GradDtype::F32
-                },
-                d_weights: if dw32 {
-                    GradDtype::F32
-                } else {
-                    GradDtype::Bf16
-                },
-                ..Options::default()
-            };
-            (
-                shape.with_q_offset(off[..b].to_vec()).with_ratio(ratio),
-                opts,
-                seed,
-            )
-        })
+        .prop_map(
+            |((packed, batches, seq_q, seq_k), ratio, offsets, (dk16, dw32), seed)| {
+                let (heads, dim) = (64, 128);
+                let draw = Draw {
+                    packed,
+                    batches,
+                    seq_q,
+                    seq_k,
+                    heads,
+                    dim,
+                    ratio,
+                    offsets,
+                    dk16,
+                    dw32,
+                };
+                let (shape, opts) = draw.build(7, 30, 0.25);
+                (shape, opts, seed)
+            },
+        )
 }
 
-/// 40 random problems on dense mode's tile kernel against the f64 dense
-/// reference (`compare_dense`), each run twice with bitwise-equal
-/// grad_signal, d_index_q and d_weights.
-#[test]
-fn dense_tiles_match_the_reference_on_random_problems() {
-    let Some(ctx) = gpu("dense_tiles_match_the_reference_on_random_problems") else {
+/// Runs `cases` problems of `strategy` on the GPU against the f64 dense
+/// reference (`compare_dense`: SPEC's tolerances and 2x the f32/bf16-dS
+/// reference), each twice with bitwise-equal grad_signal, d_index_q and
+/// d_weights; the plan must take the GPU path. Nothing on a GPU other than
+/// compute capability 9.0.
+fn check_random_problems(
+    name: &str,
+    cases: u32,
+    strategy: impl Strategy<Value = (dense::Shape, Options, u64)>,
+) {
+    let Some(ctx) = gpu(name) else {
         return;
     };
-    let stream = ctx.default_stream();
     if ctx.compute_capability().unwrap() != (9, 0) {
         return;
     }
+    let stream = ctx.default_stream();
     let mut runner = TestRunner::new(Config {
-        cases: 40,
+        cases,
         failure_persistence: None,
         ..Config::default()
     });
     runner
-        .run(&tile_shape_strategy(), |(shape, opts, seed)| {
+        .run(&strategy, |(shape, opts, seed)| {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.05);
             let plan = Plan::new(&ctx, shape, opts).unwrap();
@@ -347,6 +323,27 @@ fn dense_tiles_match_the_reference_on_random_problems() {
             Ok(())
         })
         .unwrap();
+}
+
+/// 48 random dense problems over every H x D ([`check_random_problems`]).
+#[test]
+fn dense_gpu_matches_the_reference_on_random_problems() {
+    check_random_problems(
+        "dense_gpu_matches_the_reference_on_random_problems",
+        48,
+        shape_strategy(),
+    );
+}
+
+/// 40 random problems on dense mode's tile kernel (H = 64, D = 128,
+/// [`check_random_problems`]).
+#[test]
+fn dense_tiles_match_the_reference_on_random_problems() {
+    check_random_problems(
+        "dense_tiles_match_the_reference_on_random_problems",
+        40,
+        tile_shape_strategy(),
+    );
 }
 
 /// `dense::run` with `allow_gpu` on host data: on compute capability 9.0
