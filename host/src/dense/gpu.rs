@@ -128,36 +128,33 @@ impl DenseGpu {
         };
         let module = sel.module.load(ctx)?;
         let stream = ctx.default_stream();
-        let (stage2, visible) = match path {
+        let stage2 = match path {
             None => {
                 let kernel = module.load_function(DENSE_WG.name)?;
                 gpu::set_dynamic_smem(&kernel, kernels_gpu::dense_wg::SMEM.bytes)?;
-                let (items, visible) = super::tiles::items(shape)?;
+                let items = super::tiles::items(shape)?;
                 let n_items = items.len() as u32;
                 let flat: Vec<u32> = items.into_iter().flatten().collect();
                 let items = stream.clone_htod(&flat)?;
-                let stage2 = Stage2::Tiles {
+                Stage2::Tiles {
                     kernel,
                     items,
                     n_items,
-                };
-                (stage2, visible)
+                }
             }
             Some((row, paired)) => {
                 let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired)?;
-                let (ids, visible) = key_ids(shape)?;
-                let stage2 = Stage2::Sparse {
+                Stage2::Sparse {
                     wgmma,
                     row_chunks: sm90_path::row_chunks(&sparse),
-                    ids: stream.clone_htod(&ids)?,
-                };
-                (stage2, visible)
+                    ids: stream.clone_htod(&key_ids(shape)?)?,
+                }
             }
         };
         let gpu = DenseGpu {
             stage1: module.load_function(DENSE_STAGE1.name)?,
             cast: Cast::new(&module)?,
-            visible: stream.clone_htod(&visible)?,
+            visible: stream.clone_htod(&visible_counts(shape)?)?,
             sparse,
             stage2,
         };
@@ -366,20 +363,32 @@ struct Call {
     visible: u64,
 }
 
-/// The equivalent sparse problem's key ids (`(rows, cols)`, global) and
-/// each row's visible count.
-fn key_ids(shape: &Shape) -> Result<(Vec<i32>, Vec<u32>)> {
+/// Each query row's visible key count `L` (`Shape::visible`), in the
+/// order of the flat `(rows, ...)` view.
+fn visible_counts(shape: &Shape) -> Result<Vec<u32>> {
+    let mut visible = try_vec(shape.rows(), 0u32, "dense visible counts")?;
+    let mut row0 = 0;
+    for b in 0..shape.batch() {
+        let nq = shape.seq_q_of(b);
+        for (s, v) in visible[row0..row0 + nq].iter_mut().enumerate() {
+            *v = shape.visible(b, s) as u32;
+        }
+        row0 += nq;
+    }
+    Ok(visible)
+}
+
+/// The equivalent sparse problem's key ids (`(rows, cols)`, global).
+fn key_ids(shape: &Shape) -> Result<Vec<i32>> {
     let (rows, cols) = (shape.rows(), shape.score_cols());
     let mut ids = try_vec(rows * cols, -1i32, "dense key ids")?;
-    let mut visible = try_vec(rows, 0u32, "dense visible counts")?;
-    for (r, (row_ids, vis)) in ids.chunks_mut(cols.max(1)).zip(&mut visible).enumerate() {
+    for (r, row_ids) in ids.chunks_mut(cols.max(1)).enumerate() {
         let row = shape.row(r);
-        *vis = row.visible as u32;
         for (j, id) in row_ids[..row.visible].iter_mut().enumerate() {
             *id = (row.key_start + j) as i32;
         }
     }
-    Ok((ids, visible))
+    Ok(ids)
 }
 
 #[cfg(test)]
@@ -390,8 +399,8 @@ mod tests {
     fn key_ids_follow_each_row_s_batch_and_visible_columns() {
         // Two batches of 3 query rows over 4 keys, offsets 0 and 1.
         let s = Shape::bshd(2, 3, 4, 16, 64).with_q_offset(vec![0, 1]);
-        let (ids, vis) = key_ids(&s).unwrap();
-        assert_eq!(vis, [1, 2, 3, 2, 3, 4]);
+        let ids = key_ids(&s).unwrap();
+        assert_eq!(visible_counts(&s).unwrap(), [1, 2, 3, 2, 3, 4]);
         assert_eq!(&ids[..4], [0, -1, -1, -1]);
         assert_eq!(&ids[8..12], [0, 1, 2, -1]);
         // Batch 1's keys start at row 4.
@@ -399,5 +408,21 @@ mod tests {
         assert_eq!(&ids[20..24], [4, 5, 6, 7]);
         let t = sparse_shape(&s);
         assert_eq!((t.batch, t.seq_q, t.seq_k, t.topk), (1, 6, 8, 4));
+    }
+
+    #[test]
+    fn visible_counts_are_each_row_s_across_batches() {
+        let shapes = [
+            Shape::bshd(2, 7, 300, 64, 128)
+                .with_q_offset(vec![0, -3])
+                .with_ratio(2),
+            Shape::varlen(vec![0, 3, 3, 200], vec![0, 1, 129, 400], 64, 128)
+                .with_q_offset(vec![0, 4, 100]),
+        ];
+        for s in shapes {
+            let v = visible_counts(&s).unwrap();
+            assert_eq!(v.len(), s.rows());
+            assert!((0..s.rows()).all(|r| v[r] as usize == s.row(r).visible));
+        }
     }
 }

@@ -10,7 +10,6 @@
 //! `ITEM_MAX_ROWS` rows.
 
 use super::shape::Shape;
-use crate::cpu::try_vec;
 use crate::error::Result;
 use kernels_gpu::abi::{DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS};
 use kernels_gpu::dense_wg::{ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS};
@@ -18,10 +17,8 @@ use kernels_gpu::dense_wg::{ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS};
 /// One item's words.
 pub(super) type Item = [u32; DENSE_ITEM_WORDS];
 
-/// The items of `shape` (validated), longest first, and each row's
-/// visible key count.
-pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, Vec<u32>)> {
-    let mut visible = try_vec(shape.rows(), 0u32, "dense visible counts")?;
+/// The items of `shape` (validated), longest first.
+pub(super) fn items(shape: &Shape) -> Result<Vec<Item>> {
     // (work, item): work in steps of both warpgroups (a key tile of a row
     // item, a query row of a key item).
     let mut work: Vec<(u64, Item)> = Vec::new();
@@ -29,9 +26,6 @@ pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, Vec<u32>)> {
     for b in 0..shape.batch() {
         let (nq, nk) = (shape.seq_q_of(b), shape.seq_k_of(b));
         let vis = |s: usize| shape.visible(b, s);
-        for s in 0..nq {
-            visible[row0 + s] = vis(s) as u32;
-        }
         for s in (0..nq).step_by(ITEM_ROWS as usize) {
             let n = (nq - s).min(ITEM_ROWS as usize);
             let tiles = vis(s + n - 1).div_ceil(TILE_KEYS as usize);
@@ -77,7 +71,7 @@ pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, Vec<u32>)> {
     }
     // Stable: equal work keeps the batch order.
     work.sort_by_key(|w| std::cmp::Reverse(w.0));
-    Ok((work.into_iter().map(|(_, i)| i).collect(), visible))
+    Ok(work.into_iter().map(|(_, i)| i).collect())
 }
 
 /// The first `s < n` with `sees(s)` (`n` if none), for `sees` false then
@@ -114,7 +108,7 @@ mod tests {
                 .with_q_offset(vec![0, 4, 100]),
         ];
         for shape in shapes {
-            let (items, visible) = items(&shape).unwrap();
+            let items = items(&shape).unwrap();
             let (rows, keys) = (shape.rows(), shape.key_rows());
             let mut row_seen = vec![0; rows];
             let mut key_seen = vec![0; keys];
@@ -171,7 +165,6 @@ mod tests {
             assert_eq!(pairs_by_rows, pairs_by_keys);
             let total: usize = (0..rows).map(|r| shape.row(r).visible).sum();
             assert_eq!(pairs_by_rows.len(), total);
-            assert!((0..rows).all(|r| visible[r] as usize == shape.row(r).visible));
         }
     }
 }
