@@ -148,10 +148,20 @@ pub struct DenseParams {
 
 /// Parameter of dense mode's tile kernel (`indexer_dense_bwd_wg_h64_d128`):
 /// stage 2 over whole key tiles, after dense stage 1 wrote grad_signal
-/// over `index_score`. Its grid is one CTA per work item (`items`).
+/// over `index_score`. Its grid is one CTA per work item (`items`). The
+/// tensor maps come first, at the offsets of [`Sm100Params`]
+/// (`SM100_K_MAP_OFFSET`, `SM100_Q_MAP_OFFSET`), and are passed the same
+/// way ([`TensorMap`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DenseTileParams {
+    /// Tile map over `index_k` as `(key rows, 128)` bf16, box 64 x 64,
+    /// 128-byte swizzle, zero fill (`sm100::tmap::q_tile_map` with 64
+    /// rows): one box is one swizzle block of a K tile.
+    pub k_map: TensorMap,
+    /// Tile map over `index_q` as `(rows * 64, 128)` bf16, the same box:
+    /// one box is one swizzle block of a row's q tile.
+    pub q_map: TensorMap,
     /// `index_q`, bf16 `(rows, 64, 128)`, 16-byte aligned.
     pub index_q: u64,
     /// `weights`, bf16 `(rows, 64)`.
@@ -196,8 +206,10 @@ pub const DENSE_ITEM_ROWS: u32 = 0;
 /// `dense_wg::ITEM_MAX_ROWS` of the rows that see one of them). It adds
 /// the keys' dK sums over those rows to the accumulator, once.
 pub const DENSE_ITEM_KEYS: u32 = 1;
-/// Threads per CTA of the dense tile kernel (two warpgroups).
-pub const DENSE_TILE_THREADS: u32 = 256;
+/// Threads per CTA of the dense tile kernel: two consumer warpgroups and
+/// a producer warpgroup (one warp of which loads; the others only give
+/// their registers to the consumers).
+pub const DENSE_TILE_THREADS: u32 = 384;
 
 /// Threads per CTA of the dense stage-1 kernel (one query row per CTA).
 pub const DENSE_STAGE1_THREADS: u32 = 256;
@@ -635,5 +647,13 @@ mod tests {
         );
         assert_eq!(core::mem::size_of::<Sm100ProbeParams>(), 256 + 7 * 8 + 8);
         assert_eq!(core::mem::size_of::<Sm100SmokeParams>(), 32);
+        assert_eq!(
+            core::mem::offset_of!(DenseTileParams, k_map) as u32,
+            SM100_K_MAP_OFFSET
+        );
+        assert_eq!(
+            core::mem::offset_of!(DenseTileParams, q_map) as u32,
+            SM100_Q_MAP_OFFSET
+        );
     }
 }

@@ -385,14 +385,19 @@ pub const DENSE_STAGE1: Kernel = k(
 
 /// Dense mode's tile kernel for H = 64, D = 128 (`dense_wg`): stage 2
 /// over whole key tiles, one work item per CTA, after
-/// [`DENSE_STAGE1`]. Two resident CTAs per SM (128 registers).
-pub const DENSE_WG: Kernel = k(
-    "indexer_dense_bwd_wg_h64_d128",
-    Param::DenseTile,
-    DENSE_TILE_THREADS,
-    Bounds::Max { min_ctas: 2 },
-    Targets::SM90A,
-);
+/// [`DENSE_STAGE1`]. One resident CTA per SM (its consumers hold two
+/// products in flight: more than 128 registers); its tensor maps lead the
+/// parameter.
+pub const DENSE_WG: Kernel = Kernel {
+    tensor_maps: true,
+    ..k(
+        "indexer_dense_bwd_wg_h64_d128",
+        Param::DenseTile,
+        DENSE_TILE_THREADS,
+        Bounds::Max { min_ctas: 1 },
+        Targets::SM90A,
+    )
+};
 
 /// The wgmma row kernel for H = 32, D = 64 (`sm90`, the D = 64 body with
 /// the head tile's rows 32..63 padded): as [`SM90_WG`].
@@ -628,8 +633,12 @@ const _: () = {
             j += 1;
         }
         assert!(
-            a.tensor_maps == matches!(a.param, Param::Sm100Stage2 | Param::Sm100Probe),
-            "tensor maps travel in Sm100Params and Sm100ProbeParams"
+            a.tensor_maps
+                == matches!(
+                    a.param,
+                    Param::Sm100Stage2 | Param::Sm100Probe | Param::DenseTile
+                ),
+            "tensor maps travel in Sm100Params, Sm100ProbeParams and DenseTileParams"
         );
         assert!(a.threads > 0 && a.threads <= 1024);
         i += 1;

@@ -23,6 +23,7 @@ use super::shape::Shape;
 use crate::cpu::try_vec;
 use crate::error::Result;
 use crate::gpu;
+use crate::launch::sm100::{encode, TiledArgs};
 use crate::launch::sm90::{self as sm90_path, Wgmma};
 use crate::launch::Cast;
 use crate::select::{select, PathKind};
@@ -33,6 +34,10 @@ use kernels_gpu::abi::{
     DENSE_TILE_THREADS, FLAG_DW_F32, FLAG_ROW_CHUNKS,
 };
 use kernels_gpu::registry::{DENSE_STAGE1, DENSE_WG};
+use kernels_gpu::sm100::tmap::q_tile_map;
+
+/// The tile kernel's tensor-map geometry: `(index_k, index_q)`.
+type MapArgs = (TiledArgs, TiledArgs);
 use std::sync::Arc;
 
 /// The most score elements (`rows x cols`) a plan runs on the GPU: its
@@ -78,6 +83,9 @@ enum Stage2 {
         kernel: CudaFunction,
         items: CudaSlice<u32>,
         n_items: u32,
+        /// Geometry of the tensor maps over `index_k` and `index_q`,
+        /// encoded per call at the call's addresses.
+        maps: MapArgs,
     },
     /// The sparse path's wgmma kernels on the equivalent sparse problem.
     Sparse {
@@ -87,6 +95,24 @@ enum Stage2 {
         /// Whether stage 1 writes chunk counts (`FLAG_ROW_CHUNKS`).
         row_chunks: bool,
     },
+}
+
+/// The tile kernel's map over a bf16 `(rows, 128)` matrix: boxes of 64
+/// rows x 64 columns (one 128-byte swizzle block of a tile).
+fn tile_map(rows: usize) -> Result<TiledArgs> {
+    use kernels_gpu::dense_wg::{DIM, TILE_KEYS};
+    let m =
+        q_tile_map(rows as u64, DIM, 64, TILE_KEYS).map_err(|_| crate::error::Error::Shape {
+            name: "tensor map",
+            value: rows,
+            expected: "a TMA-encodable bf16 matrix of 128 columns",
+        })?;
+    Ok(TiledArgs {
+        dims: m.dims,
+        strides: [m.row_stride],
+        box_dims: m.box_dims,
+        element_strides: [1, 1],
+    })
 }
 
 /// The sparse problem a dense `shape` runs as.
@@ -136,10 +162,12 @@ impl DenseGpu {
                 let n_items = items.len() as u32;
                 let flat: Vec<u32> = items.into_iter().flatten().collect();
                 let items = stream.clone_htod(&flat)?;
+                let heads = kernels_gpu::dense_wg::HEADS as usize;
                 Stage2::Tiles {
                     kernel,
                     items,
                     n_items,
+                    maps: (tile_map(shape.key_rows())?, tile_map(rows * heads)?),
                 }
             }
             Some((row, paired)) => {
@@ -240,9 +268,11 @@ impl DenseGpu {
                 kernel,
                 items,
                 n_items,
+                maps,
             } => {
+                let tiles = (kernel, items, *n_items, maps);
                 // SAFETY: forwarded; stage 1 is on the stream before it.
-                unsafe { self.launch_tiles(stream, p, opts, &call, kernel, items, *n_items)? }
+                unsafe { self.launch_tiles(stream, p, opts, &call, tiles)? }
             }
             Stage2::Sparse { wgmma, ids, .. } => {
                 // SAFETY: forwarded; stage 1 is on the stream before it.
@@ -258,24 +288,24 @@ impl DenseGpu {
         Ok(())
     }
 
-    /// Stage 2 by the tile kernel, as stage 1's programmatic dependent.
+    /// Stage 2 by the tile kernel, as stage 1's programmatic dependent:
+    /// `(kernel, items, n_items, maps)` are this plan's; the maps are
+    /// encoded at this call's `index_k` and `index_q`.
     ///
     /// # Safety
-    /// As [`DenseGpu::launch`], after stage 1 on `stream`; `kernel`,
-    /// `items` and `n_items` are this plan's.
-    #[allow(clippy::too_many_arguments)]
+    /// As [`DenseGpu::launch`], after stage 1 on `stream`.
     unsafe fn launch_tiles(
         &self,
         stream: &CudaStream,
         p: &Ptrs,
         opts: &Options,
         call: &Call,
-        kernel: &CudaFunction,
-        items: &CudaSlice<u32>,
-        n_items: u32,
+        (kernel, items, n_items, maps): (&CudaFunction, &CudaSlice<u32>, u32, &MapArgs),
     ) -> Result<()> {
         let (items, _g) = items.device_ptr(stream);
         let t = DenseTileParams {
+            k_map: encode(p.k, &maps.0)?,
+            q_map: encode(p.q, &maps.1)?,
             index_q: p.q,
             weights: p.w,
             index_k: p.k,
@@ -293,7 +323,8 @@ impl DenseGpu {
         // SAFETY: the tile kernel as stage 1's programmatic dependent (it
         // waits before reading grad_signal or adding to the accumulator):
         // the plan's items for this shape (at least one: every row has a
-        // row item), checked buffers, one CTA per item.
+        // row item), checked buffers, maps over this call's q and K, one
+        // CTA per item.
         unsafe {
             gpu::launch_pdl(
                 stream,

@@ -1,12 +1,14 @@
-//! The entry of the dense tile kernel: the context, and the dispatch of
-//! the CTA's work item to its kind.
+//! The entry of the dense tile kernel: the context, the mbarriers, and
+//! the dispatch of the CTA's work item to the producer warp and the
+//! consumer warpgroups of its kind.
 
 use super::ctx::Ctx;
-use super::{keys, rows};
+use super::{keys, load, rows, CONSUMER_REGS, PRODUCER_REGS, TILE_KEYS, WARPGROUPS};
 use crate::abi::{
     DenseTileParams, DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS, DENSE_TILE_THREADS,
 };
 use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::tma::param0_generic_addr;
 use crate::ptx::{griddep, sreg, sync};
 use crate::registry::DENSE_WG;
 
@@ -17,22 +19,24 @@ const _: () = assert!(DENSE_WG.threads == DENSE_TILE_THREADS);
 /// dynamic shared memory, as a programmatic dependent of dense stage 1.
 ///
 /// # Safety
-/// `p` built by the dense plan from validated buffers: `index_q`,
-/// `weights`, `index_k`, grad_signal and `visible` of the shape the items
-/// describe (`index_q`, `index_k` 16-byte aligned, `visible[r] <= cols`
-/// and at most the key count of the row's batch), every item well formed
-/// (`abi::DENSE_ITEM_*`: in-range rows and keys of one batch; key items
-/// covering every key row once, row items every query row once), outputs
-/// disjoint from the inputs.
+/// `p` built by the dense plan from validated buffers: the tensor maps
+/// over `index_k` and `index_q` (`abi::DenseTileParams`), `weights`,
+/// grad_signal and `visible` of the shape the items describe
+/// (`visible[r] <= cols` and at most the key count of the row's batch),
+/// every item well formed (`abi::DENSE_ITEM_*`: in-range rows and keys of
+/// one batch; key items covering every key row once, row items every
+/// query row once), outputs disjoint from the inputs.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn indexer_dense_bwd_wg_h64_d128(p: DenseTileParams) {
-    // grad_signal is stage 1's output: nothing is read before this.
+    // grad_signal and the zeroed accumulator are stage 1's outputs:
+    // nothing is read or added before this.
     // SAFETY: orders the CTA after stage 1.
     unsafe { griddep::wait() };
     let tid = sreg::thread_idx_x();
     let raw = smem::base().0;
     let c = Ctx {
         p: &p,
+        maps: param0_generic_addr!("indexer_dense_bwd_wg_h64_d128"),
         tid,
         wg: tid / 128,
         t: tid % 128,
@@ -42,12 +46,41 @@ pub unsafe extern "ptx-kernel" fn indexer_dense_bwd_wg_h64_d128(p: DenseTilePara
     let at = sreg::block_idx_x() as usize * DENSE_ITEM_WORDS;
     // SAFETY: block < n_items, inside the item array; CTA-uniform loads.
     let w = |i: usize| unsafe { *item.add(at + i) };
-    // SAFETY: the launch contract; every thread takes the same arm.
+    let kind = w(0);
+    if kind != DENSE_ITEM_ROWS && kind != DENSE_ITEM_KEYS {
+        sync::trap();
+    }
+    // Consumers with work: a row item's rows, a key item's 64-key tiles.
+    let active = if kind == DENSE_ITEM_ROWS {
+        w(2)
+    } else {
+        w(3).div_ceil(TILE_KEYS)
+    };
+    if tid == 0 {
+        // SAFETY: one thread, before any use; the barrier below.
+        unsafe { c.init_bars(active.min(WARPGROUPS)) };
+    }
+    // SAFETY: every thread reaches it once.
+    unsafe { sync::bar_sync() };
+    // The roles: warpgroup-uniform arms, each dominated by its register
+    // allocation (the budget is asserted in `super`). Of the producer
+    // warpgroup one warp loads.
+    // SAFETY: the launch contract.
     unsafe {
-        match w(0) {
-            DENSE_ITEM_ROWS => rows::run(&c, w(1), w(2), w(3), w(4)),
-            DENSE_ITEM_KEYS => keys::run(&c, w(1), w(2), w(3), w(4), w(5)),
-            _ => sync::trap(),
+        if c.wg == WARPGROUPS {
+            sync::setmaxnreg_dec::<PRODUCER_REGS>();
+            if c.t < 32 {
+                match kind {
+                    DENSE_ITEM_ROWS => load::rows(&c, w(1), w(2), w(3), w(4)),
+                    _ => load::keys(&c, w(1), w(2), w(3), w(4), w(5)),
+                }
+            }
+        } else {
+            sync::setmaxnreg_inc::<CONSUMER_REGS>();
+            match kind {
+                DENSE_ITEM_ROWS => rows::run(&c, w(1), w(2), w(4)),
+                _ => keys::run(&c, w(1), w(2), w(3), w(4), w(5)),
+            }
         }
     }
 }

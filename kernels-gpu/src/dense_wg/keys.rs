@@ -1,29 +1,18 @@
-//! Key items: dK of 64 keys per warpgroup, over every query row that sees
-//! one of them (module note of `super`).
+//! Key items, consumer side: dK of 64 keys per consumer warpgroup, over
+//! a run of the query rows that see them (module note of `super`).
 
 use super::ctx::Ctx;
-use super::{
-    desc, gate, load, BLOCK_BYTES, GLOBAL_ROW_BYTES, HEADS, ITEM_KEYS, SMEM, TILE_KEYS, WARPGROUPS,
-};
-use crate::abi::DENSE_TILE_THREADS;
+use super::{gate, mma, SMEM, TILE_KEYS};
 use crate::ptx::cvt::bf16_to_f32;
 use crate::ptx::global::red_add_v2_f32;
-use crate::ptx::{cp_async, smem, sync, wgmma};
+use crate::ptx::smem;
 
-/// Threads that stage a row's weights: one 32-bit word (two heads) each.
-const W_THREADS: u32 = HEADS / 2;
-/// The first of them: past the threads that issue the grad_signal
-/// copies where the CTA has room, else the second warpgroup's first warp.
-const W_FIRST: u32 = if ITEM_KEYS + W_THREADS <= DENSE_TILE_THREADS {
-    ITEM_KEYS
-} else {
-    128
-};
-
-/// Runs the key item `[KEYS, key_start, col0, nkeys, row_begin, row_end]`.
+/// Runs the key item `[KEYS, key_start, col0, nkeys, row_begin, row_end]`
+/// on this consumer's keys `col0 + 64 wg ..` (if it has any).
 ///
 /// # Safety
-/// The kernel's launch contract; every thread of the CTA calls it.
+/// The kernel's launch contract; every thread of a consumer warpgroup
+/// calls it.
 pub(super) unsafe fn run(
     c: &Ctx<'_>,
     key_start: u32,
@@ -32,103 +21,46 @@ pub(super) unsafe fn run(
     row_begin: u32,
     row_end: u32,
 ) {
+    if TILE_KEYS * c.wg >= nkeys || row_end <= row_begin {
+        return;
+    }
     let p = c.p;
     let (warp, lane) = (c.t / 32, c.t % 32);
     let (g, c2) = (lane / 4, 2 * (lane % 4));
-    let k = p.index_k as *const u8;
-    let (q, wt) = (p.index_q as *const u8, p.weights as *const u16);
-    // SAFETY: rows of the item are query rows (launch contract).
-    let vis = |i: u32| unsafe { *(p.visible as *const u32).add(i as usize) };
-    for i in 0..WARPGROUPS {
-        let first = (key_start + col0 + TILE_KEYS * i) as usize;
-        let valid = nkeys.saturating_sub(TILE_KEYS * i).min(TILE_KEYS);
-        // SAFETY: keys below `nkeys` are keys of the batch.
-        unsafe {
-            load::tile(
-                c.fixed(i),
-                k.add(first * GLOBAL_ROW_BYTES as usize),
-                k,
-                valid,
-                c.tid,
-                DENSE_TILE_THREADS,
-            )
-        };
-    }
-    // Query row `i` into stage `s`: its q tile and the grad_signal of the
-    // item's keys.
-    let issue = |s: u32, i: u32| {
-        let l = vis(i);
-        // SAFETY: a query row of the launch; the stage is free (its
-        // readers met the barrier of this iteration).
-        unsafe {
-            let at = i as usize * (HEADS * GLOBAL_ROW_BYTES) as usize;
-            load::tile(c.stage(s), q.add(at), q, HEADS, c.tid, DENSE_TILE_THREADS);
-            if c.tid < ITEM_KEYS {
-                let col = col0 + c.tid;
-                load::gs(c, s, c.tid, load::gs_src(c, i, col), col < l);
-            }
-        }
-    };
-    // This thread's word of row `i`'s weights (W_THREADS threads).
-    let stager = c.tid >= W_FIRST && c.tid < W_FIRST + W_THREADS;
-    let wword = |i: u32| -> u32 {
-        let at = (i * HEADS + 2 * (c.tid - W_FIRST)) as usize;
-        // SAFETY: two weights of a query row (callers are stagers).
-        unsafe { *wt.add(at) as u32 | (*wt.add(at + 1) as u32) << 16 }
-    };
-    let put_w = |s: u32, v: u32| {
-        // SAFETY: the stager's own word of the stage, free as above.
-        unsafe { smem::st_u32(c.stage(s).add(SMEM.w + 4 * (c.tid - W_FIRST)), v) };
-    };
-    let rows = sync::opaque_u32(row_end - row_begin);
-    if rows > 0 {
-        issue(0, row_begin);
-        if stager {
-            put_w(0, wword(row_begin));
-        }
-    }
-    cp_async::commit_group();
+    let slot = TILE_KEYS * c.wg + 16 * warp + g;
+    let mine = col0 + slot;
     let (mut dk0, mut dk1) = ([0.0f32; 32], [0.0f32; 32]);
-    let mine = col0 + TILE_KEYS * c.wg + 16 * warp + g;
-    let mut l = if rows > 0 { vis(row_begin) } else { 0 };
-    // S^T of the current row (loop-carried: each product overwrites it).
-    let mut s = [0.0f32; 32];
-    let mut r = 0;
-    while r < rows {
-        // SAFETY: every thread runs the same trip count.
-        unsafe { c.landed() };
-        let i = row_begin + r;
-        let (mut wnext, mut lnext) = (0, 0);
-        if r + 1 < rows {
-            issue(r + 1, i + 1);
-            if stager {
-                wnext = wword(i + 1);
-            }
-            lnext = vis(i + 1);
-        }
-        cp_async::commit_group();
-        let st = c.stage(r);
-        let slot = TILE_KEYS * c.wg + 16 * warp + g;
-        // SAFETY: whole warpgroup; the K tiles and the row's q landed;
-        // the grad_signal and weight words of the row landed or were
-        // stored before the barrier.
-        unsafe {
-            wgmma::s_m64n64_k128(&mut s, desc(c.fixed(c.wg).0, 16), desc(st.0, 16));
-            let gs = [
-                smem::ld_f32(load::gs_at(c, r, slot)),
-                smem::ld_f32(load::gs_at(c, r, slot + 8)),
-            ];
-            let a = gate::keys(&s, p.sm_scale, gs, [mine < l, mine + 8 < l], |j| {
-                let u = smem::ld_u32(st.add(SMEM.w + 2 * (8 * j + c2)));
-                [bf16_to_f32(u as u16), bf16_to_f32((u >> 16) as u16)]
-            });
-            wgmma::rs_m64n128_k64(&mut dk0, &mut dk1, &a, desc(st.0, BLOCK_BYTES));
-        }
-        if r + 1 < rows && stager {
-            put_w(r + 1, wnext);
-        }
-        l = lnext;
-        r += 1;
+    // SAFETY: the producer loads the fixed K tiles and one q tile per
+    // row; whole warpgroup; a row's grad_signal and weight words are
+    // stored before its tile's "full" phase.
+    unsafe {
+        c.wait_fixed();
+        mma::pipeline(
+            c,
+            c.fixed(c.wg),
+            row_end - row_begin,
+            &mut dk0,
+            &mut dk1,
+            |t, s| {
+                let st = c.stage(t);
+                let l = smem::ld_u32(st.add(SMEM.lim));
+                let gs = [
+                    smem::ld_f32(st.add(SMEM.gs + 4 * slot)),
+                    smem::ld_f32(st.add(SMEM.gs + 4 * (slot + 8))),
+                ];
+                let w = |j: u32| {
+                    let u = smem::ld_u32(st.add(SMEM.w + 2 * (8 * j + c2)));
+                    [bf16_to_f32(u as u16), bf16_to_f32((u >> 16) as u16)]
+                };
+                // Whether the row sees all of this warpgroup's keys
+                // (uniform in the warpgroup).
+                if l >= col0 + TILE_KEYS * (c.wg + 1) {
+                    gate::keys::<false>(s, p.sm_scale, gs, [true; 2], w)
+                } else {
+                    gate::keys::<true>(s, p.sm_scale, gs, [mine < l, mine + 8 < l], w)
+                }
+            },
+        );
     }
     // SAFETY: this warpgroup's keys of the item, written by it only.
     unsafe { store(c, key_start + col0, nkeys, &dk0, &dk1) };

@@ -1,23 +1,29 @@
 //! Dense mode's tile kernel (sm_90a, H = 64, D = 128): stage 2 of the
 //! dense indexer backward over whole key tiles, with no key ids, no
-//! gathers and no dK reductions. It runs after dense stage 1
-//! (`crate::dense`), which wrote grad_signal over `index_score`.
+//! gathers and no per-(row, key) dK reductions. It runs after dense stage
+//! 1 (`crate::dense`), which wrote grad_signal over `index_score`.
 //!
-//! Every CTA (two warpgroups) takes one work item (`abi::DENSE_ITEM_*`,
-//! built by the host longest first):
-//! - a **row item** (`rows`): one query row per warpgroup. The CTA walks
+//! Every CTA takes one work item (`abi::DENSE_ITEM_*`, built by the host
+//! longest first) and is warp-specialised: a producer warp (`load`) streams
+//! the item's tiles by TMA into a ring of [`STAGES`] buffers, each with a
+//! "full" and an "empty" mbarrier (`ctx`), and two consumer warpgroups
+//! (`rows`, `keys`) run the products (`mma`): each issues S of the next
+//! tile before the elementwise gate of the current one (`gate`), so the
+//! tensor cores work while the gate runs. No CTA-wide barrier after the
+//! start.
+//! - a **row item** (`rows`): one query row per consumer. The CTA walks
 //!   the rows' visible keys in tiles of 64 (loaded once for both rows):
-//!   S = q K^T (64 heads x 64 keys), the elementwise gate (dS and the
-//!   d_weights sums) in registers, dQ += dS K with dS as the register A
-//!   operand. dQ and d_weights are written once, at the end.
-//! - a **key item** (`keys`): 64 keys per warpgroup. The CTA walks a run
-//!   of at most [`ITEM_MAX_ROWS`] of the query rows that see them (q tile
-//!   loaded once for both warpgroups): S^T = K q^T (64 keys x 64 heads),
-//!   the same gate transposed, and dK += dS^T q. At the end it adds its
-//!   dK sums to the f32 accumulator (zeroed by stage 1): one reduction
-//!   per key per run of rows, where the sparse kernels make one per
-//!   (row, key). The runs keep every item short: a key item over all of a
-//!   long sequence's rows would be the whole launch's critical path.
+//!   S = q K^T (64 heads x 64 keys), the gate (dS and the d_weights sums)
+//!   in registers, dQ += dS K with dS as the register A operand. dQ and
+//!   d_weights are written once, at the end.
+//! - a **key item** (`keys`): 64 keys per consumer. The CTA walks a run of
+//!   at most [`ITEM_MAX_ROWS`] of the query rows that see them (q tile
+//!   loaded once for both consumers): S^T = K q^T (64 keys x 64 heads), the
+//!   same gate transposed, and dK += dS^T q. At the end it adds its dK sums
+//!   to the f32 accumulator (zeroed by stage 1): one reduction per key per
+//!   run of rows, where the sparse kernels make one per (row, key). The
+//!   runs keep every item short: a key item over all of a long sequence's
+//!   rows would be the whole launch's critical path.
 //!
 //! So each (row, key) pair's logits are computed twice (once per kind);
 //! in exchange dQ and d_weights are written once, in a fixed order
@@ -25,13 +31,14 @@
 //! per key instead of once per row.
 //!
 //! Operand tiles are 64 rows x 128 bf16 stored as two 1024-byte aligned
-//! 128-byte-swizzle blocks of 64 columns (`crate::sm90::swizzle`): q of a
-//! row (rows = heads), K of 64 keys (rows = keys). The same bytes serve as
-//! a K-major operand of S and as the MN-major B operand of dQ / dK.
-//! Shared memory ([`Layout`]): two fixed tiles (row item: the two rows'
-//! q; key item: the two warpgroups' K) and a ring of [`STAGES`] streamed
-//! tiles (K tiles, or q tiles of successive rows) with their per-tile
-//! scalars (grad_signal, and the key item's weights).
+//! 128-byte-swizzle blocks of 64 columns (`crate::sm90::swizzle`, which is
+//! what TMA's 128-byte swizzle writes): q of a row (rows = heads), K of 64
+//! keys (rows = keys). The same bytes serve as a K-major operand of S and
+//! as the MN-major B operand of dQ / dK. Shared memory ([`Layout`]): two
+//! fixed tiles (row item: the two rows' q; key item: the two consumers'
+//! K), the ring of streamed tiles (K tiles, or q tiles of successive rows)
+//! with their per-tile scalars (grad_signal, and the key item's weights),
+//! and the mbarriers.
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod ctx;
@@ -44,6 +51,8 @@ mod keys;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod load;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+mod mma;
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 mod rows;
 
 use crate::abi::DENSE_TILE_THREADS;
@@ -54,8 +63,10 @@ pub const HEADS: u32 = 64;
 pub const DIM: u32 = 128;
 /// Keys per warpgroup tile (N of S, K of dQ).
 pub const TILE_KEYS: u32 = 64;
-/// Warpgroups per CTA.
-pub const WARPGROUPS: u32 = DENSE_TILE_THREADS / 128;
+/// Consumer warpgroups per CTA (the producer warpgroup follows them).
+pub const WARPGROUPS: u32 = DENSE_TILE_THREADS / 128 - 1;
+/// Threads of the consumer warpgroups: the producer warp's first thread.
+pub const CONSUMER_THREADS: u32 = WARPGROUPS * 128;
 /// Keys of one key item (every warpgroup's tile).
 pub const ITEM_KEYS: u32 = WARPGROUPS * TILE_KEYS;
 /// Query rows of one row item (one per warpgroup).
@@ -70,8 +81,8 @@ pub const TILE_BYTES: u32 = DIM / 64 * BLOCK_BYTES;
 pub const ATOM_BYTES: u32 = 8 * ROW_BYTES;
 /// Bytes of a bf16 row of D in global memory.
 pub const GLOBAL_ROW_BYTES: u32 = DIM * 2;
-/// Streamed tiles in flight.
-pub const STAGES: u32 = 2;
+/// Buffers of the ring of streamed tiles.
+pub const STAGES: u32 = 4;
 /// Bytes of a stage's grad_signal: a row item's rows x 64 keys, or a key
 /// item's 128 keys, f32.
 pub const GS_BYTES: u32 = 4 * ITEM_KEYS;
@@ -80,10 +91,42 @@ pub const W_BYTES: u32 = 2 * HEADS;
 /// Query rows of one key item at most.
 pub const ITEM_MAX_ROWS: u32 = 256;
 /// Resident CTAs per SM the launch bounds ask for.
-pub const CTAS_PER_SM: u32 = 2;
+pub const CTAS_PER_SM: u32 = 1;
+/// Lanes of the producer warp.
+pub const PRODUCER_LANES: u32 = 32;
+/// Arrivals that fill a stage: two per producer lane, one when its
+/// `cp.async` copies of the stage's grad_signal completed and one after
+/// its other stores (lane 0's also expects the tile's bytes).
+pub const FULL_ARRIVALS: u32 = 2 * PRODUCER_LANES;
 
 const _: () = assert!(GS_BYTES >= 4 * ITEM_ROWS * TILE_KEYS);
 const _: () = assert!(DIM.is_multiple_of(64) && HEADS == 64 && TILE_KEYS == 64);
+const _: () = assert!(DENSE_TILE_THREADS == CONSUMER_THREADS + 128 && WARPGROUPS == 2);
+
+/// Registers per thread of the producer warpgroup after it gives the rest
+/// away (`setmaxnreg`).
+pub const PRODUCER_REGS: u32 = 56;
+/// Registers per thread of a consumer warpgroup: what the producer gave up,
+/// shared by the consumers (two S tiles, dQ or dK and the A operand live at
+/// once).
+pub const CONSUMER_REGS: u32 = 224;
+/// The SM's register file.
+const SM_REGS: u32 = 65536;
+const _: () = assert!(128 * PRODUCER_REGS + CONSUMER_THREADS * CONSUMER_REGS <= SM_REGS);
+const _: () = assert!(PRODUCER_REGS.is_multiple_of(8) && CONSUMER_REGS.is_multiple_of(8));
+// The producer's lanes store a stage's grad_signal in four words each.
+const _: () = assert!(GS_BYTES == 4 * 4 * PRODUCER_LANES && W_BYTES == 4 * PRODUCER_LANES);
+
+/// The ring buffer of streamed tile `t`.
+pub const fn stage_of(t: u32) -> u32 {
+    t % STAGES
+}
+
+/// The parity of the phase in which streamed tile `t` fills (and then
+/// empties) its buffer: the buffer's `t / STAGES`-th use.
+pub const fn phase_of(t: u32) -> u32 {
+    (t / STAGES) % 2
+}
 
 /// The shared-memory map (offsets from the 1024-aligned base).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +141,11 @@ pub struct Layout {
     pub gs: u32,
     /// Weights inside a stage.
     pub w: u32,
+    /// A key item's row's visible key count inside a stage (one word).
+    pub lim: u32,
+    /// The mbarriers (8 bytes each): `STAGES` "full", `STAGES` "empty",
+    /// then the fixed tiles' one.
+    pub bars: u32,
     /// Bytes used from the aligned base.
     pub used: u32,
     /// Dynamic shared memory to launch with (used + alignment slack).
@@ -114,14 +162,18 @@ pub const SMEM: Layout = {
     let ring = fixed + WARPGROUPS * TILE_BYTES;
     let gs = TILE_BYTES;
     let w = gs + GS_BYTES;
-    let stage = align(w + W_BYTES, 1024);
-    let used = ring + STAGES * stage;
+    let lim = w + W_BYTES;
+    let stage = align(lim + 4, 1024);
+    let bars = ring + STAGES * stage;
+    let used = bars + (2 * STAGES + 1) * 8;
     Layout {
         fixed,
         ring,
         stage,
         gs,
         w,
+        lim,
+        bars,
         used,
         bytes: used + 1024,
     }
@@ -132,6 +184,7 @@ const SMEM_PER_SM: u32 = 228 * 1024;
 const _: () = assert!(CTAS_PER_SM * (SMEM.bytes + 1024) <= SMEM_PER_SM);
 const _: () = assert!(SMEM.ring.is_multiple_of(1024) && SMEM.stage.is_multiple_of(1024));
 const _: () = assert!(SMEM.gs.is_multiple_of(16) && SMEM.w.is_multiple_of(16));
+const _: () = assert!(SMEM.bars.is_multiple_of(8));
 
 /// Shared-memory matrix descriptor of a 128-byte-swizzled tile starting at
 /// `start` (`crate::sm90::desc`): K-major operands (S) take `lbo` 16 (unused)
@@ -198,11 +251,22 @@ mod tests {
     }
 
     #[test]
-    fn layout_fits_two_ctas_and_aligns_tiles() {
+    fn layout_aligns_tiles_and_fits_the_sm() {
         assert_eq!(SMEM.ring, 2 * 16384);
         assert_eq!(SMEM.stage, 17408);
-        const { assert!(SMEM.w + W_BYTES <= SMEM.stage) };
-        assert_eq!(SMEM.bytes, 2 * 16384 + 2 * 17408 + 1024);
+        const { assert!(SMEM.lim + 4 <= SMEM.stage) };
+        assert_eq!(SMEM.bars, 2 * 16384 + 4 * 17408);
+        assert_eq!(SMEM.bytes, SMEM.bars + 9 * 8 + 1024);
+    }
+
+    #[test]
+    fn a_buffer_alternates_phases_across_its_uses() {
+        for t in 0..64 {
+            assert_eq!(stage_of(t + STAGES), stage_of(t));
+            assert_ne!(phase_of(t + STAGES), phase_of(t));
+            assert_eq!(phase_of(t + 2 * STAGES), phase_of(t));
+        }
+        assert_eq!((stage_of(5), phase_of(5)), (1, 1));
     }
 
     #[test]

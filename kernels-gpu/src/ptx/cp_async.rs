@@ -72,3 +72,23 @@ pub fn wait_all() {
     // SAFETY: no operands; a wait.
     unsafe { asm!("cp.async.wait_all;", options(nostack)) }
 }
+
+/// `cp.async.mbarrier.arrive.noinc.shared.b64 [bar]`: an arrival on `bar`
+/// once every `cp.async` this thread issued before has completed (their
+/// bytes then visible to the threads that wait on the phase). `.noinc`:
+/// the arrival counts toward the barrier's expected count.
+///
+/// # Safety
+/// `bar` is an initialised mbarrier of this CTA whose current phase
+/// expects this arrival.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_noinc(bar: SmemAddr) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            "cp.async.mbarrier.arrive.noinc.shared.b64 [{b}];",
+            b = in(reg32) bar.0,
+            options(nostack),
+        )
+    }
+}

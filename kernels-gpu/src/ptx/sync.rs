@@ -181,3 +181,31 @@ pub fn opaque_u32(x: u32) -> u32 {
     }
     r
 }
+
+/// `setmaxnreg.inc.sync.aligned.u32 N`: raises this warpgroup's
+/// per-thread register allocation to `N` (blocking until the SM has them:
+/// another warpgroup of the CTA releases them with [`setmaxnreg_dec`]).
+/// ptxas allocates the code after it with up to `N` registers.
+///
+/// # Safety
+/// All 128 threads of the warpgroup execute it together; `N` is a multiple
+/// of 8 in 24..=256, at least the kernel's allocation, and the CTA's
+/// warpgroups release enough for it.
+#[inline(always)]
+pub unsafe fn setmaxnreg_inc<const N: u32>() {
+    // SAFETY: the caller's contract. No `nomem`: the allocation changes
+    // what the code after it may hold.
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) }
+}
+
+/// `setmaxnreg.dec.sync.aligned.u32 N`: lowers this warpgroup's per-thread
+/// register allocation to `N`, giving the rest to [`setmaxnreg_inc`].
+///
+/// # Safety
+/// As [`setmaxnreg_inc`], with `N` at most the kernel's allocation and the
+/// code after it fitting in `N` registers.
+#[inline(always)]
+pub unsafe fn setmaxnreg_dec<const N: u32>() {
+    // SAFETY: the caller's contract.
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) }
+}

@@ -46,7 +46,8 @@ pub unsafe fn gather4(dst: SmemAddr, tmap: *const u8, col: i32, rows: [i32; 4], 
 /// one box of a 2D tensor map whose first element is at `(c0, c1)`
 /// (innermost coordinate first) lands at `dst`, laid out (and swizzled) as
 /// the map says; out-of-bounds elements are zero-filled. The bytes count
-/// toward `bar`'s transaction count. **Compiled for sm_100f, not executed.**
+/// toward `bar`'s transaction count. Executed on sm_90a (dense mode's tile
+/// kernel); compiled for sm_100f, not executed there.
 ///
 /// # Safety
 /// `tmap` is the generic address of a valid 64-byte aligned `CUtensorMap`
@@ -56,10 +57,25 @@ pub unsafe fn gather4(dst: SmemAddr, tmap: *const u8, col: i32, rows: [i32; 4], 
 /// expects the bytes ([`arrive_expect_tx`]).
 #[inline(always)]
 pub unsafe fn load_2d(dst: SmemAddr, tmap: u64, c0: i32, c1: i32, bar: SmemAddr) {
+    // The `.shared::cta` destination needs PTX ISA 8.6, newer than the
+    // sm_90a module's; there the CTA's own window of `.shared::cluster`
+    // (which a CTA address is, without clusters) names the same bytes.
+    #[cfg(kernels_arch = "sm_90a")]
+    macro_rules! dst_space {
+        () => {
+            "shared::cluster"
+        };
+    }
+    #[cfg(not(kernels_arch = "sm_90a"))]
+    macro_rules! dst_space {
+        () => {
+            "shared::cta"
+        };
+    }
     // SAFETY: forwarded from the caller.
     unsafe {
         asm!(
-            "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{c0}, {c1}}}], [{b}];",
+            concat!("cp.async.bulk.tensor.2d.", dst_space!(), ".global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{c0}, {c1}}}], [{b}];"),
             d = in(reg32) dst.0, m = in(reg64) tmap, c0 = in(reg32) c0, c1 = in(reg32) c1,
             b = in(reg32) bar.0, options(nostack),
         )
@@ -73,7 +89,7 @@ pub unsafe fn load_2d(dst: SmemAddr, tmap: u64, c0: i32, c1: i32, bar: SmemAddr)
 /// `__grid_constant__`) is handed to `cp.async.bulk.tensor`, whose
 /// `tensorMap` operand is a generic address into the parameter space.
 /// Use it only inside the kernel it names; the result is read-only memory.
-#[cfg(kernels_arch = "sm_100f")]
+#[cfg(any(kernels_arch = "sm_100f", kernels_arch = "sm_90a"))]
 macro_rules! param0_generic_addr {
     ($kernel:expr) => {{
         let r: u64;
@@ -89,5 +105,5 @@ macro_rules! param0_generic_addr {
         r
     }};
 }
-#[cfg(kernels_arch = "sm_100f")]
+#[cfg(any(kernels_arch = "sm_100f", kernels_arch = "sm_90a"))]
 pub(crate) use param0_generic_addr;

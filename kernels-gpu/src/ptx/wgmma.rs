@@ -360,24 +360,27 @@ macro_rules! regs_a {
     };
 }
 
-/// `D(64x64) = A(64x128) B(128x64)` (overwriting `acc`, whose values on
-/// entry are ignored: the first step's scale-d is 0, so callers need not
-/// zero it): eight `m64n64k16` steps, A and B K-major, each stored as two 64-column
-/// swizzle blocks 8192 bytes apart (step `k` starts `32 (k % 4)` bytes into
-/// a row of block `k / 4`), then `wait_group 0`. Dense mode's logits: q of
-/// a row against 64 keys, or 64 keys against q of a row.
+/// Issues `D(64x64) = A(64x128) B(128x64)` without waiting (overwriting
+/// `acc`, whose values on entry are ignored: the first step's scale-d is
+/// 0, so callers need not zero it): eight `m64n64k16` steps, A and B
+/// K-major, each stored as two 64-column swizzle blocks 8192 bytes apart
+/// (step `k` starts `32 (k % 4)` bytes into a row of block `k / 4`).
+/// Dense mode's logits: q of a row against 64 keys, or 64 keys against q
+/// of a row. Complete it with [`wait_1_m64n64`] or [`wait_0_m64n64`].
 ///
 /// # Safety
 /// All 128 threads of the warpgroup execute it together (`.sync.aligned`);
 /// `a`/`b` describe 1024-byte aligned, 128-byte swizzled tiles inside the
-/// launch's shared memory covering every K step, whose writes were made
-/// visible to the async proxy (`fence.proxy.async.shared::cta`) and then
-/// to this warpgroup by a barrier; no other wgmma group is pending.
+/// launch's shared memory covering every K step, whose writes are visible
+/// to the async proxy (TMA writes completed on an mbarrier this thread
+/// waited for); nothing reads or writes `acc`, or overwrites the tiles,
+/// before a wait that completes this group, with `acc` as its operand.
 #[inline(always)]
-pub unsafe fn s_m64n64_k128(acc: &mut [f32; 32], a: u64, b: u64) {
-    // SAFETY: forwarded from the caller. The asm waits for its own group,
-    // so the accumulators are final when it returns. Not `pure`/`nomem`:
-    // it reads shared memory and is warpgroup-collective.
+pub unsafe fn issue_s_m64n64_k128(acc: &mut [f32; 32], a: u64, b: u64) {
+    // SAFETY: forwarded from the caller. `acc` is an in/out operand here
+    // and at the wait, so the compiler keeps it in place and does not use
+    // its values in between. Not `pure`/`nomem`: it reads shared memory
+    // and is warpgroup-collective.
     unsafe {
         asm_acc32!(
             acc,
@@ -398,7 +401,6 @@ pub unsafe fn s_m64n64_k128(acc: &mut [f32; 32], a: u64, b: u64) {
                 step!("m64n64k16", regs32!(), "{a}", 516, "{b}", 516, 0, 0),
                 step!("m64n64k16", regs32!(), "{a}", 518, "{b}", 518, 0, 0),
                 close_chain!(),
-                "wgmma.wait_group.sync.aligned 0;",
             ],
             a = in(reg64) a,
             b = in(reg64) b,
@@ -406,91 +408,147 @@ pub unsafe fn s_m64n64_k128(acc: &mut [f32; 32], a: u64, b: u64) {
     }
 }
 
-/// `[D0 D1](64x128) += A(64x64) B(64x128)` with A in registers: A is the
-/// bf16 fragment `a` (K step `k` in `a[4k..4k + 4]`, the `m64k16` A
-/// layout: what an `m64n64` accumulator packs into, `dense_wg::pack_a`);
-/// B is MN-major (rows along K, step `k` 16 rows = 2048 bytes further) in
-/// two 64-column swizzle blocks, the descriptor's `lbo` the bytes between
-/// them; columns `0..64` accumulate into `d0` and `64..128` into `d1`
-/// (the `m64n128` accumulator list is `d0` then `d1`). Four
-/// `m64n128k16` steps in one group, then `wait_group 0`. Dense mode's
-/// dQ += dS K and dK += dS^T q.
+/// `wgmma.wait_group 1`: every group but the newest is complete, among
+/// them the one that wrote `acc`, whose values are defined afterwards.
 ///
 /// # Safety
-/// As [`s_m64n64_k128`] for `b`, whose `lbo` is the offset of the second
-/// block.
+/// Whole warpgroup; `acc` is the array of a group committed before the
+/// newest one.
 #[inline(always)]
-pub unsafe fn rs_m64n128_k64(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[u32; 16], b: u64) {
-    // SAFETY: forwarded from the caller; all 64 accumulators are in/out
-    // operands of the one asm that also waits for the group.
+pub unsafe fn wait_1_m64n64(acc: &mut [f32; 32]) {
+    // SAFETY: a wait; `acc` as in/out operands marks the point where its
+    // values become defined for the compiler.
     unsafe {
         asm_acc32!(
+            acc,
+            [
+                "wgmma.wait_group.sync.aligned 1;",
+                // Names the accumulators (a PTX comment) so they are operands.
+                concat!("// ", regs32!()),
+            ],
+        )
+    }
+}
+
+/// `wgmma.wait_group 0`: every group is complete; `acc` is defined
+/// afterwards.
+///
+/// # Safety
+/// Whole warpgroup; `acc` is the array of a committed group.
+#[inline(always)]
+pub unsafe fn wait_0_m64n64(acc: &mut [f32; 32]) {
+    // SAFETY: as `wait_1_m64n64`.
+    unsafe {
+        asm_acc32!(
+            acc,
+            [
+                "wgmma.wait_group.sync.aligned 0;",
+                concat!("// ", regs32!()),
+            ],
+        )
+    }
+}
+
+/// The accumulator list of an `m64n128` tile in a template: `{d0, ...,
+/// d31, e0, ..., e31}` (the first 64 columns, then the last 64).
+macro_rules! regs64 {
+    () => {
+        "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}"
+    };
+}
+
+/// [`asm_acc32`] for an `m64n128` accumulator held as two halves: `$d0`
+/// as `d0`..`d31`, `$d1` as `e0`..`e31` (in/out), then the given operands.
+macro_rules! asm_acc64 {
+    ($d0:expr, $d1:expr, [$($t:expr),* $(,)?], $($op:tt)*) => {
+        asm_acc32!(
+            $d0,
+            [$($t),*],
+            e0 = inout(reg32) $d1[0],
+            e1 = inout(reg32) $d1[1],
+            e2 = inout(reg32) $d1[2],
+            e3 = inout(reg32) $d1[3],
+            e4 = inout(reg32) $d1[4],
+            e5 = inout(reg32) $d1[5],
+            e6 = inout(reg32) $d1[6],
+            e7 = inout(reg32) $d1[7],
+            e8 = inout(reg32) $d1[8],
+            e9 = inout(reg32) $d1[9],
+            e10 = inout(reg32) $d1[10],
+            e11 = inout(reg32) $d1[11],
+            e12 = inout(reg32) $d1[12],
+            e13 = inout(reg32) $d1[13],
+            e14 = inout(reg32) $d1[14],
+            e15 = inout(reg32) $d1[15],
+            e16 = inout(reg32) $d1[16],
+            e17 = inout(reg32) $d1[17],
+            e18 = inout(reg32) $d1[18],
+            e19 = inout(reg32) $d1[19],
+            e20 = inout(reg32) $d1[20],
+            e21 = inout(reg32) $d1[21],
+            e22 = inout(reg32) $d1[22],
+            e23 = inout(reg32) $d1[23],
+            e24 = inout(reg32) $d1[24],
+            e25 = inout(reg32) $d1[25],
+            e26 = inout(reg32) $d1[26],
+            e27 = inout(reg32) $d1[27],
+            e28 = inout(reg32) $d1[28],
+            e29 = inout(reg32) $d1[29],
+            e30 = inout(reg32) $d1[30],
+            e31 = inout(reg32) $d1[31],
+            $($op)*
+        )
+    };
+}
+
+/// One `m64n128k16` step of [`issue_rs_m64n128_k64`]: A registers of K
+/// step `$k`, B at `{b}` + `$db` (16-byte units).
+macro_rules! rs_step {
+    ($k:tt, $db:literal) => {
+        concat!(
+            "add.s64 bk, {b}, ",
+            $db,
+            ";\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
+            regs64!(),
+            ", ",
+            regs_a!($k),
+            ", bk, p, 1, 1, 1;"
+        )
+    };
+}
+
+/// Issues `[D0 D1](64x128) += A(64x64) B(64x128)` without waiting, A in
+/// registers: A is the bf16 fragment `a` (K step `k` in `a[4k..4k + 4]`,
+/// the `m64k16` A layout: what an `m64n64` accumulator packs into,
+/// `dense_wg::pack_a`); B is MN-major (rows along K, step `k` 16 rows =
+/// 2048 bytes further) in two 64-column swizzle blocks, the descriptor's
+/// `lbo` the bytes between them; columns `0..64` accumulate into `d0` and
+/// `64..128` into `d1` (the `m64n128` accumulator list is `d0` then `d1`).
+/// Four `m64n128k16` steps in one group. Dense mode's dQ += dS K and
+/// dK += dS^T q. Complete it with [`wait_0_m64n128`] (or a later
+/// `wait_group` that covers it).
+///
+/// # Safety
+/// As [`issue_s_m64n64_k128`] for `b`, whose `lbo` is the offset of the
+/// second block, and for `d0` / `d1`; in addition the registers of `a`
+/// keep their values until the group completes (ptxas orders later writes
+/// to them after a covering `wait_group`).
+#[inline(always)]
+pub unsafe fn issue_rs_m64n128_k64(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[u32; 16], b: u64) {
+    // SAFETY: forwarded from the caller; all 64 accumulators are in/out
+    // operands here and at the wait.
+    unsafe {
+        asm_acc64!(
             d0,
+            d1,
             [
                 "wgmma.fence.sync.aligned;\n{{\n.reg .pred p;\n.reg .b64 bk;\nsetp.eq.u32 p, 1, 1;",
-                concat!(
-                    "add.s64 bk, {b}, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
-                    "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}",
-                    ", ",
-                    regs_a!(0),
-                    ", bk, p, 1, 1, 1;"
-                ),
-                concat!(
-                    "add.s64 bk, {b}, 128;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
-                    "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}",
-                    ", ",
-                    regs_a!(1),
-                    ", bk, p, 1, 1, 1;"
-                ),
-                concat!(
-                    "add.s64 bk, {b}, 256;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
-                    "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}",
-                    ", ",
-                    regs_a!(2),
-                    ", bk, p, 1, 1, 1;"
-                ),
-                concat!(
-                    "add.s64 bk, {b}, 384;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 ",
-                    "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}, {d8}, {d9}, {d10}, {d11}, {d12}, {d13}, {d14}, {d15}, {d16}, {d17}, {d18}, {d19}, {d20}, {d21}, {d22}, {d23}, {d24}, {d25}, {d26}, {d27}, {d28}, {d29}, {d30}, {d31}, {e0}, {e1}, {e2}, {e3}, {e4}, {e5}, {e6}, {e7}, {e8}, {e9}, {e10}, {e11}, {e12}, {e13}, {e14}, {e15}, {e16}, {e17}, {e18}, {e19}, {e20}, {e21}, {e22}, {e23}, {e24}, {e25}, {e26}, {e27}, {e28}, {e29}, {e30}, {e31}}}",
-                    ", ",
-                    regs_a!(3),
-                    ", bk, p, 1, 1, 1;"
-                ),
+                rs_step!(0, 0),
+                rs_step!(1, 128),
+                rs_step!(2, 256),
+                rs_step!(3, 384),
                 close_chain!(),
-                "wgmma.wait_group.sync.aligned 0;",
             ],
-            e0 = inout(reg32) d1[0],
-            e1 = inout(reg32) d1[1],
-            e2 = inout(reg32) d1[2],
-            e3 = inout(reg32) d1[3],
-            e4 = inout(reg32) d1[4],
-            e5 = inout(reg32) d1[5],
-            e6 = inout(reg32) d1[6],
-            e7 = inout(reg32) d1[7],
-            e8 = inout(reg32) d1[8],
-            e9 = inout(reg32) d1[9],
-            e10 = inout(reg32) d1[10],
-            e11 = inout(reg32) d1[11],
-            e12 = inout(reg32) d1[12],
-            e13 = inout(reg32) d1[13],
-            e14 = inout(reg32) d1[14],
-            e15 = inout(reg32) d1[15],
-            e16 = inout(reg32) d1[16],
-            e17 = inout(reg32) d1[17],
-            e18 = inout(reg32) d1[18],
-            e19 = inout(reg32) d1[19],
-            e20 = inout(reg32) d1[20],
-            e21 = inout(reg32) d1[21],
-            e22 = inout(reg32) d1[22],
-            e23 = inout(reg32) d1[23],
-            e24 = inout(reg32) d1[24],
-            e25 = inout(reg32) d1[25],
-            e26 = inout(reg32) d1[26],
-            e27 = inout(reg32) d1[27],
-            e28 = inout(reg32) d1[28],
-            e29 = inout(reg32) d1[29],
-            e30 = inout(reg32) d1[30],
-            e31 = inout(reg32) d1[31],
             a0 = in(reg32) a[0],
             a1 = in(reg32) a[1],
             a2 = in(reg32) a[2],
@@ -510,4 +568,36 @@ pub unsafe fn rs_m64n128_k64(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[u32; 1
             b = in(reg64) b,
         )
     }
+}
+
+/// `wgmma.wait_group 0` completing an [`issue_rs_m64n128_k64`]: `d0` and
+/// `d1` hold the sums afterwards.
+///
+/// # Safety
+/// Whole warpgroup; `d0` / `d1` are the arrays given to the issue.
+#[inline(always)]
+pub unsafe fn wait_0_m64n128(d0: &mut [f32; 32], d1: &mut [f32; 32]) {
+    // SAFETY: a wait; the accumulators as in/out operands mark the point
+    // where their values become defined for the compiler.
+    unsafe {
+        asm_acc64!(
+            d0,
+            d1,
+            [
+                "wgmma.wait_group.sync.aligned 0;",
+                concat!("// ", regs64!())
+            ],
+        )
+    }
+}
+
+/// Marks `acc` as defined here (an empty `asm!` with the registers as
+/// in/out operands): instructions that set it, such as zeroing, stay
+/// before this point and so before any product issued after it. ptxas
+/// serialises every `wgmma` of a function where a non-wgmma instruction
+/// writes an accumulator while a group is in flight.
+#[inline(always)]
+pub fn pin_m64n64(acc: &mut [f32; 32]) {
+    // SAFETY: an empty template; the registers pass through unchanged.
+    unsafe { asm_acc32!(acc, [concat!("// pinned ", regs32!())],) }
 }
