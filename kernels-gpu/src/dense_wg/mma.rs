@@ -17,9 +17,26 @@
 //! next step's first wait.
 
 use super::ctx::Ctx;
-use super::{desc, BLOCK_BYTES};
-use crate::ptx::smem::SmemAddr;
-use crate::ptx::wgmma;
+use super::{desc, frag_at, tile_at, BLOCK_BYTES};
+use crate::ptx::smem::{self, SmemAddr};
+use crate::ptx::{sreg, wgmma};
+
+/// This thread's register fragments of the first 64 columns of the tile
+/// at `tile` as the A operand of S (`super::frag_at` for each K step of
+/// 16 columns).
+///
+/// # Safety
+/// A landed tile of the layout; whole warpgroup (any thread order).
+#[inline(always)]
+unsafe fn fragments(tile: SmemAddr) -> [u32; 16] {
+    let t = sreg::thread_idx_x() % 128;
+    core::array::from_fn(|i| {
+        let (k, r) = (i as u32 / 4, i as u32 % 4);
+        let (row, col) = frag_at(t, r);
+        // SAFETY: two bf16 of the tile (col even: 4-byte aligned).
+        unsafe { smem::ld_u32(tile.add(tile_at(0, row, 16 * k + col))) }
+    })
+}
 
 /// Runs the products over streamed tiles `0..n` (`n >= 1`) with `a` the
 /// fixed tile; `gate(t, s)` turns S(t) into the bf16 A operand of the
@@ -38,7 +55,8 @@ pub(super) unsafe fn pipeline(
     d1: &mut [f32; 32],
     mut gate: impl FnMut(u32, &[f32; 32]) -> [u32; 16],
 ) {
-    let a = desc(a.0, 16);
+    // SAFETY: the fixed tile landed (the caller's contract).
+    let a = (unsafe { fragments(a) }, desc(a.0 + BLOCK_BYTES, 16));
     // S of the current and of the next tile, trading places every tile:
     // the loop runs two tiles per trip so that neither is ever copied
     // while the tensor cores write it.
@@ -51,20 +69,20 @@ pub(super) unsafe fn pipeline(
     // SAFETY: tile 0 exists (n >= 1); the caller's contract.
     unsafe {
         c.wait_full(0);
-        wgmma::issue_s_m64n64_k128(&mut s0, a, desc(c.stage(0).0, 16));
+        wgmma::issue_rs_s_m64n64_k128(&mut s0, &a.0, a.1, desc(c.stage(0).0, 16));
     }
     let mut t = 0;
     while t + 1 < n {
         // SAFETY: forwarded; the trip count is warpgroup-uniform.
         unsafe {
-            step(c, a, t, n, &mut s0, &mut s1, d0, d1, &mut gate);
-            step(c, a, t + 1, n, &mut s1, &mut s0, d0, d1, &mut gate);
+            step(c, &a, t, n, &mut s0, &mut s1, d0, d1, &mut gate);
+            step(c, &a, t + 1, n, &mut s1, &mut s0, d0, d1, &mut gate);
         }
         t += 2;
     }
     if t < n {
         // SAFETY: as above.
-        unsafe { step(c, a, t, n, &mut s0, &mut s1, d0, d1, &mut gate) };
+        unsafe { step(c, &a, t, n, &mut s0, &mut s1, d0, d1, &mut gate) };
     }
     // SAFETY: completes the last product; then its buffer is free.
     unsafe {
@@ -84,7 +102,7 @@ pub(super) unsafe fn pipeline(
 #[inline(always)]
 unsafe fn step(
     c: &Ctx<'_>,
-    a: u64,
+    a: &([u32; 16], u64),
     t: u32,
     n: u32,
     cur: &mut [f32; 32],
@@ -102,7 +120,7 @@ unsafe fn step(
         if ahead > t {
             c.wait_full(ahead);
         }
-        wgmma::issue_s_m64n64_k128(next, a, desc(c.stage(ahead).0, 16));
+        wgmma::issue_rs_s_m64n64_k128(next, &a.0, a.1, desc(c.stage(ahead).0, 16));
         wgmma::wait_1_m64n64(cur);
         if t > 0 {
             c.release(t - 1);

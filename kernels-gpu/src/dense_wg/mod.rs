@@ -105,14 +105,21 @@ const _: () = assert!(DENSE_TILE_THREADS == CONSUMER_THREADS + 128 && WARPGROUPS
 
 /// Registers per thread of the producer warpgroup after it gives the rest
 /// away (`setmaxnreg`).
-pub const PRODUCER_REGS: u32 = 56;
+pub const PRODUCER_REGS: u32 = 40;
 /// Registers per thread of a consumer warpgroup: what the producer gave up,
 /// shared by the consumers (two S tiles, dQ or dK and the A operand live at
 /// once).
-pub const CONSUMER_REGS: u32 = 224;
-/// The SM's register file.
-const SM_REGS: u32 = 65536;
-const _: () = assert!(128 * PRODUCER_REGS + CONSUMER_THREADS * CONSUMER_REGS <= SM_REGS);
+pub const CONSUMER_REGS: u32 = 232;
+/// Registers per thread the launch gets: an SM sub-partition's 16384
+/// registers over its three warps (one of each warpgroup), in units of 8
+/// (ptxas's count for the kernel). `setmaxnreg` only moves registers
+/// between the CTA's warpgroups: a split above this total never gets its
+/// registers, and the consumers wait in `setmaxnreg.inc` forever.
+pub const LAUNCH_REGS: u32 = 16384 / (32 * (WARPGROUPS + 1)) / 8 * 8;
+const _: () = assert!(LAUNCH_REGS == 168);
+const _: () = assert!(
+    128 * PRODUCER_REGS + CONSUMER_THREADS * CONSUMER_REGS <= DENSE_TILE_THREADS * LAUNCH_REGS
+);
 const _: () = assert!(PRODUCER_REGS.is_multiple_of(8) && CONSUMER_REGS.is_multiple_of(8));
 // The producer's lanes store a stage's grad_signal in four words each.
 const _: () = assert!(GS_BYTES == 4 * 4 * PRODUCER_LANES && W_BYTES == 4 * PRODUCER_LANES);

@@ -360,49 +360,70 @@ macro_rules! regs_a {
     };
 }
 
-/// Issues `D(64x64) = A(64x128) B(128x64)` without waiting (overwriting
-/// `acc`, whose values on entry are ignored: the first step's scale-d is
-/// 0, so callers need not zero it): eight `m64n64k16` steps, A and B
-/// K-major, each stored as two 64-column swizzle blocks 8192 bytes apart
-/// (step `k` starts `32 (k % 4)` bytes into a row of block `k / 4`).
-/// Dense mode's logits: q of a row against 64 keys, or 64 keys against q
-/// of a row. Complete it with [`wait_1_m64n64`] or [`wait_0_m64n64`].
+/// One `m64n64k16` step of [`issue_rs_s_m64n64_k128`]: A registers of K
+/// step `$k`, B at `{b}` + `$db` (16-byte units), scale-d `$p`.
+macro_rules! rs_s_step {
+    ($k:tt, $db:literal, $p:literal) => {
+        concat!(
+            "add.s64 bk, {b}, ",
+            $db,
+            ";\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 ",
+            regs32!(),
+            ", ",
+            regs_a!($k),
+            ", bk, ",
+            $p,
+            ", 1, 1, 0;"
+        )
+    };
+}
+
+/// [`issue_s_m64n64_k128`] with the first half of A in registers: `a` is
+/// the bf16 fragment of A's columns `0..64` (K step `k` in `a[4k..4k +
+/// 4]`, the `m64k16` layout of `dense_wg::frag_at`); steps 4..7 read A's
+/// second swizzle block from shared memory at `a_hi` (K-major, as in
+/// [`issue_s_m64n64_k128`]). Half of A's shared-memory reads, for 16
+/// registers. Complete it as [`issue_s_m64n64_k128`].
 ///
 /// # Safety
-/// All 128 threads of the warpgroup execute it together (`.sync.aligned`);
-/// `a`/`b` describe 1024-byte aligned, 128-byte swizzled tiles inside the
-/// launch's shared memory covering every K step, whose writes are visible
-/// to the async proxy (TMA writes completed on an mbarrier this thread
-/// waited for); nothing reads or writes `acc`, or overwrites the tiles,
-/// before a wait that completes this group, with `acc` as its operand.
+/// As [`issue_s_m64n64_k128`] for `a_hi`, `b` and `acc`; the registers of
+/// `a` keep their values until the group completes.
 #[inline(always)]
-pub unsafe fn issue_s_m64n64_k128(acc: &mut [f32; 32], a: u64, b: u64) {
-    // SAFETY: forwarded from the caller. `acc` is an in/out operand here
-    // and at the wait, so the compiler keeps it in place and does not use
-    // its values in between. Not `pure`/`nomem`: it reads shared memory
-    // and is warpgroup-collective.
+pub unsafe fn issue_rs_s_m64n64_k128(acc: &mut [f32; 32], a: &[u32; 16], a_hi: u64, b: u64) {
+    // SAFETY: forwarded from the caller; `acc` is an in/out operand here
+    // and at the wait.
     unsafe {
         asm_acc32!(
             acc,
             [
-                open_chain!(),
-                // The first step with scale-d from `z` (false): D = A B.
-                "{{\n.reg .pred z;\nsetp.ne.u32 z, 1, 1;",
-                concat!(
-                    "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 ",
-                    regs32!(),
-                    ", {a}, {b}, z, 1, 1, 0, 0;\n}}"
-                ),
-                step!("m64n64k16", regs32!(), "{a}", 2, "{b}", 2, 0, 0),
-                step!("m64n64k16", regs32!(), "{a}", 4, "{b}", 4, 0, 0),
-                step!("m64n64k16", regs32!(), "{a}", 6, "{b}", 6, 0, 0),
-                step!("m64n64k16", regs32!(), "{a}", 512, "{b}", 512, 0, 0),
-                step!("m64n64k16", regs32!(), "{a}", 514, "{b}", 514, 0, 0),
-                step!("m64n64k16", regs32!(), "{a}", 516, "{b}", 516, 0, 0),
-                step!("m64n64k16", regs32!(), "{a}", 518, "{b}", 518, 0, 0),
+                "wgmma.fence.sync.aligned;\n{{\n.reg .pred p, z;\n.reg .b64 ak, bk;\nsetp.eq.u32 p, 1, 1;\nsetp.ne.u32 z, 1, 1;",
+                rs_s_step!(0, 0, "z"),
+                rs_s_step!(1, 2, "p"),
+                rs_s_step!(2, 4, "p"),
+                rs_s_step!(3, 6, "p"),
+                step!("m64n64k16", regs32!(), "{ah}", 0, "{b}", 512, 0, 0),
+                step!("m64n64k16", regs32!(), "{ah}", 2, "{b}", 514, 0, 0),
+                step!("m64n64k16", regs32!(), "{ah}", 4, "{b}", 516, 0, 0),
+                step!("m64n64k16", regs32!(), "{ah}", 6, "{b}", 518, 0, 0),
                 close_chain!(),
             ],
-            a = in(reg64) a,
+            a0 = in(reg32) a[0],
+            a1 = in(reg32) a[1],
+            a2 = in(reg32) a[2],
+            a3 = in(reg32) a[3],
+            a4 = in(reg32) a[4],
+            a5 = in(reg32) a[5],
+            a6 = in(reg32) a[6],
+            a7 = in(reg32) a[7],
+            a8 = in(reg32) a[8],
+            a9 = in(reg32) a[9],
+            a10 = in(reg32) a[10],
+            a11 = in(reg32) a[11],
+            a12 = in(reg32) a[12],
+            a13 = in(reg32) a[13],
+            a14 = in(reg32) a[14],
+            a15 = in(reg32) a[15],
+            ah = in(reg64) a_hi,
             b = in(reg64) b,
         )
     }
