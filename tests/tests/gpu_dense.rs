@@ -251,17 +251,19 @@ fn shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> {
 /// A random shape for dense mode's tile kernel (H = 64, D = 128): BSHD
 /// or packed batches of 1-150 query rows over 1-400 keys (a single key,
 /// part of a key tile, odd row counts, empty packed batches), query offsets
-/// and ratios 1, 2 or 4.
+/// and ratios 1, 2 or 4; `sm_scale` positive, negative (the kernel negates
+/// its fixed operand) or zero (it runs no products).
 fn tile_shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> {
     (
         (any::<bool>(), 1usize..=3, 1usize..=150, 1usize..=400),
         prop::sample::select(vec![1usize, 2, 4]),
         prop::collection::vec(-40i64..=300, 3),
         any::<(bool, bool)>(),
+        prop::sample::select(vec![0.25f32, 0.25, -0.25, 0.0]),
         any::<u64>(),
     )
         .prop_map(
-            |((packed, batches, seq_q, seq_k), ratio, offsets, (dk16, dw32), seed)| {
+            |((packed, batches, seq_q, seq_k), ratio, offsets, (dk16, dw32), scale, seed)| {
                 let (heads, dim) = (64, 128);
                 let draw = Draw {
                     packed,
@@ -275,7 +277,7 @@ fn tile_shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> 
                     dk16,
                     dw32,
                 };
-                let (shape, opts) = draw.build(7, 30, 0.25);
+                let (shape, opts) = draw.build(7, 30, scale);
                 (shape, opts, seed)
             },
         )
