@@ -1,6 +1,7 @@
 //! A consumer warpgroup's products over an item's streamed tiles, the
 //! same for both item kinds: per tile `t`, S(t) = A B(t)^T with A the
-//! consumer's fixed tile, the gate (the caller's) on S(t), then
+//! consumer's fixed tile (its first 64 columns held in registers as the
+//! A fragments, read once per item), the gate (the caller's) on S(t), then
 //! `[D0 D1] += gate(S(t)) B(t)`. S(t + 1) is issued before S(t)'s gate,
 //! so the tensor cores run it while the gate does; the product of tile
 //! `t` completes behind the next tile's S, and a buffer is released once

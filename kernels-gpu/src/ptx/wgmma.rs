@@ -378,16 +378,26 @@ macro_rules! rs_s_step {
     };
 }
 
-/// [`issue_s_m64n64_k128`] with the first half of A in registers: `a` is
-/// the bf16 fragment of A's columns `0..64` (K step `k` in `a[4k..4k +
-/// 4]`, the `m64k16` layout of `dense_wg::frag_at`); steps 4..7 read A's
-/// second swizzle block from shared memory at `a_hi` (K-major, as in
-/// [`issue_s_m64n64_k128`]). Half of A's shared-memory reads, for 16
-/// registers. Complete it as [`issue_s_m64n64_k128`].
+/// Issues `D(64x64) = A(64x128) B(128x64)` without waiting (overwriting
+/// `acc`, whose values on entry are ignored: the first step's scale-d is
+/// 0, so callers need not zero it): eight `m64n64k16` steps, B K-major in
+/// two 64-column swizzle blocks 8192 bytes apart (step `k` starts
+/// `32 (k % 4)` bytes into a row of block `k / 4`). A's first 64 columns
+/// come from registers, `a` (K step `k` in `a[4k..4k + 4]`, the `m64k16`
+/// layout of `dense_wg::frag_at`); steps 4..7 read its second swizzle
+/// block from shared memory at `a_hi` (K-major, laid out as B's): half of
+/// A's shared-memory reads for 16 registers. Dense mode's logits: q of a
+/// row against 64 keys, or 64 keys against q of a row. Complete it with
+/// [`wait_1_m64n64`].
 ///
 /// # Safety
-/// As [`issue_s_m64n64_k128`] for `a_hi`, `b` and `acc`; the registers of
-/// `a` keep their values until the group completes.
+/// All 128 threads of the warpgroup execute it together (`.sync.aligned`);
+/// `a_hi`/`b` describe 1024-byte aligned, 128-byte swizzled tiles inside
+/// the launch's shared memory whose writes are visible to the async proxy
+/// (TMA writes completed on an mbarrier this thread waited for); nothing
+/// reads or writes `acc`, overwrites the tiles or changes the registers of
+/// `a` before a wait that completes this group, with `acc` as its
+/// operand.
 #[inline(always)]
 pub unsafe fn issue_rs_s_m64n64_k128(acc: &mut [f32; 32], a: &[u32; 16], a_hi: u64, b: u64) {
     // SAFETY: forwarded from the caller; `acc` is an in/out operand here
@@ -445,25 +455,6 @@ pub unsafe fn wait_1_m64n64(acc: &mut [f32; 32]) {
             [
                 "wgmma.wait_group.sync.aligned 1;",
                 // Names the accumulators (a PTX comment) so they are operands.
-                concat!("// ", regs32!()),
-            ],
-        )
-    }
-}
-
-/// `wgmma.wait_group 0`: every group is complete; `acc` is defined
-/// afterwards.
-///
-/// # Safety
-/// Whole warpgroup; `acc` is the array of a committed group.
-#[inline(always)]
-pub unsafe fn wait_0_m64n64(acc: &mut [f32; 32]) {
-    // SAFETY: as `wait_1_m64n64`.
-    unsafe {
-        asm_acc32!(
-            acc,
-            [
-                "wgmma.wait_group.sync.aligned 0;",
                 concat!("// ", regs32!()),
             ],
         )
@@ -550,10 +541,10 @@ macro_rules! rs_step {
 /// `wait_group` that covers it).
 ///
 /// # Safety
-/// As [`issue_s_m64n64_k128`] for `b`, whose `lbo` is the offset of the
+/// As [`issue_rs_s_m64n64_k128`] for `b`, whose `lbo` is the offset of the
 /// second block, and for `d0` / `d1`; in addition the registers of `a`
-/// keep their values until the group completes (ptxas orders later writes
-/// to them after a covering `wait_group`).
+/// keep their values until the group completes: the caller writes new A
+/// values only after a `wait_group` that covers it.
 #[inline(always)]
 pub unsafe fn issue_rs_m64n128_k64(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[u32; 16], b: u64) {
     // SAFETY: forwarded from the caller; all 64 accumulators are in/out
