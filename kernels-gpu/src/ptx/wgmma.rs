@@ -360,6 +360,34 @@ macro_rules! regs_a {
     };
 }
 
+/// `$mac!($head, a0 = in(reg32) $a[0], ..., a15 = in(reg32) $a[15],
+/// $op)`: the 16 A-fragment registers of a register-A form (`regs_a`) as
+/// operands of the asm macro `$mac`.
+macro_rules! with_a16 {
+    ($mac:ident, ($($head:tt)*), $a:expr, $($op:tt)*) => {
+        $mac!(
+            $($head)*,
+            a0 = in(reg32) $a[0],
+            a1 = in(reg32) $a[1],
+            a2 = in(reg32) $a[2],
+            a3 = in(reg32) $a[3],
+            a4 = in(reg32) $a[4],
+            a5 = in(reg32) $a[5],
+            a6 = in(reg32) $a[6],
+            a7 = in(reg32) $a[7],
+            a8 = in(reg32) $a[8],
+            a9 = in(reg32) $a[9],
+            a10 = in(reg32) $a[10],
+            a11 = in(reg32) $a[11],
+            a12 = in(reg32) $a[12],
+            a13 = in(reg32) $a[13],
+            a14 = in(reg32) $a[14],
+            a15 = in(reg32) $a[15],
+            $($op)*
+        )
+    };
+}
+
 /// One `m64n64k16` step of [`issue_rs_s_m64n64_k128`]: A registers of K
 /// step `$k`, B at `{b}` + `$db` (16-byte units), scale-d `$p`.
 macro_rules! rs_s_step {
@@ -403,9 +431,9 @@ pub unsafe fn issue_rs_s_m64n64_k128(acc: &mut [f32; 32], a: &[u32; 16], a_hi: u
     // SAFETY: forwarded from the caller; `acc` is an in/out operand here
     // and at the wait.
     unsafe {
-        asm_acc32!(
-            acc,
-            [
+        with_a16!(
+            asm_acc32,
+            (acc, [
                 "wgmma.fence.sync.aligned;\n{{\n.reg .pred p, z;\n.reg .b64 ak, bk;\nsetp.eq.u32 p, 1, 1;\nsetp.ne.u32 z, 1, 1;",
                 rs_s_step!(0, 0, "z"),
                 rs_s_step!(1, 2, "p"),
@@ -416,23 +444,8 @@ pub unsafe fn issue_rs_s_m64n64_k128(acc: &mut [f32; 32], a: &[u32; 16], a_hi: u
                 step!("m64n64k16", regs32!(), "{ah}", 4, "{b}", 516, 0, 0),
                 step!("m64n64k16", regs32!(), "{ah}", 6, "{b}", 518, 0, 0),
                 close_chain!(),
-            ],
-            a0 = in(reg32) a[0],
-            a1 = in(reg32) a[1],
-            a2 = in(reg32) a[2],
-            a3 = in(reg32) a[3],
-            a4 = in(reg32) a[4],
-            a5 = in(reg32) a[5],
-            a6 = in(reg32) a[6],
-            a7 = in(reg32) a[7],
-            a8 = in(reg32) a[8],
-            a9 = in(reg32) a[9],
-            a10 = in(reg32) a[10],
-            a11 = in(reg32) a[11],
-            a12 = in(reg32) a[12],
-            a13 = in(reg32) a[13],
-            a14 = in(reg32) a[14],
-            a15 = in(reg32) a[15],
+            ]),
+            a,
             ah = in(reg64) a_hi,
             b = in(reg64) b,
         )
@@ -550,33 +563,17 @@ pub unsafe fn issue_rs_m64n128_k64(d0: &mut [f32; 32], d1: &mut [f32; 32], a: &[
     // SAFETY: forwarded from the caller; all 64 accumulators are in/out
     // operands here and at the wait.
     unsafe {
-        asm_acc64!(
-            d0,
-            d1,
-            [
+        with_a16!(
+            asm_acc64,
+            (d0, d1, [
                 "wgmma.fence.sync.aligned;\n{{\n.reg .pred p;\n.reg .b64 bk;\nsetp.eq.u32 p, 1, 1;",
                 rs_step!(0, 0),
                 rs_step!(1, 128),
                 rs_step!(2, 256),
                 rs_step!(3, 384),
                 close_chain!(),
-            ],
-            a0 = in(reg32) a[0],
-            a1 = in(reg32) a[1],
-            a2 = in(reg32) a[2],
-            a3 = in(reg32) a[3],
-            a4 = in(reg32) a[4],
-            a5 = in(reg32) a[5],
-            a6 = in(reg32) a[6],
-            a7 = in(reg32) a[7],
-            a8 = in(reg32) a[8],
-            a9 = in(reg32) a[9],
-            a10 = in(reg32) a[10],
-            a11 = in(reg32) a[11],
-            a12 = in(reg32) a[12],
-            a13 = in(reg32) a[13],
-            a14 = in(reg32) a[14],
-            a15 = in(reg32) a[15],
+            ]),
+            a,
             b = in(reg64) b,
         )
     }
