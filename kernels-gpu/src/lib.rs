@@ -27,6 +27,18 @@
 #[cfg(test)]
 extern crate std;
 
+/// Declares child modules that exist in the sm_90a device build only (the
+/// kernels' role modules; their parents' constants and host-tested
+/// functions compile everywhere).
+macro_rules! sm90a_modules {
+    ($($m:ident),* $(,)?) => {
+        $(
+            #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+            mod $m;
+        )*
+    };
+}
+
 pub mod abi;
 pub mod dense_wg;
 pub mod params;

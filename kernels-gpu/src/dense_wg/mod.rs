@@ -40,20 +40,7 @@
 //! with their per-tile scalars (grad_signal, and the key item's weights),
 //! and the mbarriers.
 
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod ctx;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod entry;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod gate;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod keys;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod load;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod mma;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod rows;
+sm90a_modules!(ctx, entry, gate, keys, load, mma, rows);
 
 use crate::abi::DENSE_TILE_THREADS;
 

@@ -38,24 +38,7 @@ mod sched;
 
 // The kernels (device only): the entries and the item order (`wg`), the
 // context and named barriers (`ctx`), one module per role.
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod ctx;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod entry;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod gate;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod load;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod mma;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod pair;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod reduce;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod row_end;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod wg;
+sm90a_modules!(ctx, entry, gate, load, mma, pair, reduce, row_end, wg);
 
 /// Compiles the role modules' source files (and the body, `wg`) again as
 /// children of the module that invokes it, which shadows the constants
@@ -158,20 +141,7 @@ macro_rules! halves_entry {
 // The other shapes' kernels: the role modules compiled again with their
 // constants (`role_modules!`, `d64_sizes!`) and their entries
 // (`row_entry!`, `halves_entry!`).
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod d64;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod h128;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod h128_d64;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod h16;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod h16_d64;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod h32;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod h32_d64;
+sm90a_modules!(d64, h128, h128_d64, h16, h16_d64, h32, h32_d64);
 
 pub use sched::{grid, pair_grid, row_chunks, Pos, Walk, SKIP_MIN_TOPK};
 
