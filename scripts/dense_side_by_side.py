@@ -64,7 +64,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from side_by_side import (  # noqa: E402 - the sparse script's helpers (stdlib only at import)
     OUTPUTS,
     default_bench,
-    fmt_errs,
     median_event_us,
     over_tolerance,
     read_safetensors,
@@ -72,6 +71,8 @@ from side_by_side import (  # noqa: E402 - the sparse script's helpers (stdlib o
     row_chunk,
     write_safetensors,
 )
+from side_by_side import json_record as sbs_json_record  # noqa: E402
+from side_by_side import table as sbs_table  # noqa: E402
 
 SEQS = [4096, 8192]
 CU_SEQLENS = [0, 1000, 3048, 7000, 8192]
@@ -374,37 +375,11 @@ def reference(torch, x, c, a):
 
 
 def table(rows):
-    lines = ["| case | cuDNN us | this crate us | cuDNN / this | cuDNN errors (gs / dQ / dW / dK) "
-             "| this crate errors (gs / dQ / dW / dK) | notes |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cu, me = r["cudnn"], r["crate"]
-        t_cu = f"{cu['median_us']:.0f}" if "median_us" in cu else "-"
-        t_me = f"{me['median_us']:.0f}" if "median_us" in me else "-"
-        ratio = f"{cu['median_us'] / me['median_us']:.2f}" if "median_us" in cu and "median_us" in me else "-"
-        notes = []
-        if "error" in cu:
-            notes.append("cuDNN: " + cu["error"].replace("|", "/")[:120])
-        if cu.get("writes_attn_score"):
-            notes.append("cuDNN writes attn_score (restored before each run)")
-        if "error" in me:
-            notes.append("crate: " + me["error"].replace("|", "/")[:120])
-        lines.append(f"| {r['case']} | {t_cu} | {t_me} | {ratio} | {fmt_errs(cu)} | {fmt_errs(me)} "
-                     f"| {'; '.join(notes)} |")
-    return "\n".join(lines)
+    return sbs_table(rows, [("writes_attn_score", "cuDNN writes attn_score (restored before each run)")])
 
 
 def json_record(r):
-    rec = {"case": r["case"], **r["shape"], "visible": r["visible"]}
-    finite = lambda v: v if not isinstance(v, float) or math.isfinite(v) else None
-    for side in ("cudnn", "crate"):
-        s = r[side]
-        rec[side] = {k: v for k, v in s.items() if k not in OUTPUTS}
-        if "errors" in rec[side]:
-            rec[side]["errors"] = {k: finite(v) for k, v in rec[side]["errors"].items()}
-    if "median_us" in r["cudnn"] and "median_us" in r["crate"]:
-        rec["ratio_cudnn_over_crate"] = r["cudnn"]["median_us"] / r["crate"]["median_us"]
-    return json.dumps(rec)
+    return sbs_json_record(r, count="visible")
 
 
 # ---------------------------------------------------------------- main

@@ -466,7 +466,14 @@ def fmt_errs(side):
     return text + (" **over: " + ", ".join(bad) + "**" if bad else "")
 
 
-def table(rows):
+# The cuDNN flags the table notes: (key in its record, note).
+CUDNN_NOTES = [
+    ("dk_accumulates", "cuDNN adds to d_index_k (caller zeroes it; not in its time)"),
+    ("writes_index_score", "cuDNN writes index_score (restored before each run)"),
+]
+
+
+def table(rows, cudnn_notes=CUDNN_NOTES):
     lines = ["| case | cuDNN us | this crate us | cuDNN / this | cuDNN errors (gs / dQ / dW / dK) "
              "| this crate errors (gs / dQ / dW / dK) | notes |",
              "|---|---|---|---|---|---|---|"]
@@ -478,10 +485,7 @@ def table(rows):
         notes = []
         if "error" in cu:
             notes.append("cuDNN: " + cu["error"].replace("|", "/")[:120])
-        if cu.get("dk_accumulates"):
-            notes.append("cuDNN adds to d_index_k (caller zeroes it; not in its time)")
-        if cu.get("writes_index_score"):
-            notes.append("cuDNN writes index_score (restored before each run)")
+        notes += [note for key, note in cudnn_notes if cu.get(key)]
         if "error" in me:
             notes.append("crate: " + me["error"].replace("|", "/")[:120])
         lines.append(f"| {r['case']} | {t_cu} | {t_me} | {ratio} | {fmt_errs(cu)} | {fmt_errs(me)} "
@@ -489,8 +493,8 @@ def table(rows):
     return "\n".join(lines)
 
 
-def json_record(r):
-    rec = {"case": r["case"], **r["shape"], "valid_slots": r["valid_slots"]}
+def json_record(r, count="valid_slots"):
+    rec = {"case": r["case"], **r["shape"], count: r[count]}
     finite = lambda v: v if not isinstance(v, float) or math.isfinite(v) else None
     for side in ("cudnn", "crate"):
         s = r[side]
