@@ -3,7 +3,8 @@
 //! written over `index_score`), then stage 2 as its programmatic
 //! dependent, by one of two strategies:
 //! - **tiles** (H = 64, D = 128): dense mode's own kernel
-//!   (`kernels_gpu::dense_wg`): K and q tiles loaded whole, dQ and
+//!   (`kernels_gpu::dense_wg`): K and q tiles loaded whole by TMA (two
+//!   tensor maps encoded per call at the call's addresses), dQ and
 //!   d_weights written once per row, dK reduced once per key item (128
 //!   keys against a run of up to 256 rows); the plan holds the work items
 //!   and visible counts (about 30 bytes per query row).
@@ -33,11 +34,14 @@ use kernels_gpu::abi::{
     DenseParams, DenseTileParams, GradParams, DENSE_STAGE1_SMEM, DENSE_STAGE1_THREADS,
     DENSE_TILE_THREADS, FLAG_DW_F32, FLAG_ROW_CHUNKS,
 };
+use kernels_gpu::params::TensorMap;
 use kernels_gpu::registry::{DENSE_STAGE1, DENSE_WG};
 use kernels_gpu::sm100::tmap::q_tile_map;
 
 /// The tile kernel's tensor-map geometry: `(index_k, index_q)`.
 type MapArgs = (TiledArgs, TiledArgs);
+/// The tile kernel's tensor maps of one call: `(index_k, index_q)`.
+type Maps = (TensorMap, TensorMap);
 use std::sync::Arc;
 
 /// The most score elements (`rows x cols`) a plan runs on the GPU: its
@@ -223,6 +227,13 @@ impl DenseGpu {
         ) {
             flags |= FLAG_ROW_CHUNKS;
         }
+        // The tile kernel's maps over this call's q and K, encoded before
+        // anything is launched: an encoding error leaves every buffer as
+        // it was.
+        let maps = match &self.stage2 {
+            Stage2::Tiles { maps, .. } => Some((encode(p.k, &maps.0)?, encode(p.q, &maps.1)?)),
+            Stage2::Sparse { .. } => None,
+        };
         let coeff = (loss_coeff as f64 / s.seq_q as f64) as f32;
         let (visible, _g1) = self.visible.device_ptr(stream);
         let d = DenseParams {
@@ -268,8 +279,11 @@ impl DenseGpu {
                 kernel,
                 items,
                 n_items,
-                maps,
+                ..
             } => {
+                let Some(maps) = maps else {
+                    unreachable!("the tile strategy's maps are encoded above")
+                };
                 let tiles = (kernel, items, *n_items, maps);
                 // SAFETY: forwarded; stage 1 is on the stream before it.
                 unsafe { self.launch_tiles(stream, p, opts, &call, tiles)? }
@@ -289,8 +303,8 @@ impl DenseGpu {
     }
 
     /// Stage 2 by the tile kernel, as stage 1's programmatic dependent:
-    /// `(kernel, items, n_items, maps)` are this plan's; the maps are
-    /// encoded at this call's `index_k` and `index_q`.
+    /// `(kernel, items, n_items)` are this plan's, `maps` (over `index_k`,
+    /// `index_q`) this call's.
     ///
     /// # Safety
     /// As [`DenseGpu::launch`], after stage 1 on `stream`.
@@ -300,12 +314,12 @@ impl DenseGpu {
         p: &Ptrs,
         opts: &Options,
         call: &Call,
-        (kernel, items, n_items, maps): (&CudaFunction, &CudaSlice<u32>, u32, &MapArgs),
+        (kernel, items, n_items, maps): (&CudaFunction, &CudaSlice<u32>, u32, Maps),
     ) -> Result<()> {
         let (items, _g) = items.device_ptr(stream);
         let t = DenseTileParams {
-            k_map: encode(p.k, &maps.0)?,
-            q_map: encode(p.q, &maps.1)?,
+            k_map: maps.0,
+            q_map: maps.1,
             index_q: p.q,
             weights: p.w,
             index_k: p.k,
