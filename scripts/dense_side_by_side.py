@@ -54,7 +54,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +68,7 @@ from side_by_side import (  # noqa: E402 - the sparse script's helpers (stdlib o
     read_safetensors,
     rel_errors,
     row_chunk,
+    run_cases,
     write_safetensors,
 )
 from side_by_side import json_record as sbs_json_record  # noqa: E402
@@ -451,23 +451,7 @@ def main(argv=None):
     print(f"GPU {torch.cuda.get_device_name()}; torch {torch.__version__}; cuDNN-frontend "
           f"{'skipped' if a.no_cudnn else cudnn_version()}; {len(cases)} cases; {a.runs} runs after "
           f"{a.warmup} warm-ups; d_index_k {a.dk}; reference {a.ref}", flush=True)
-    rows = []
-    jf = open(a.json, "w") if a.json else None
-    try:
-        for i, c in enumerate(cases):
-            rows.append(run_case(torch, a, c, i, workdir, dev))
-            if jf:
-                jf.write(json_record(rows[-1]) + "\n")
-                jf.flush()
-    finally:
-        if jf:
-            jf.close()
-        if not a.workdir and not a.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(table(rows))
-    bad = [r["case"] for r in rows for s in ("cudnn", "crate") if r[s].get("over")]
-    if bad:
-        print(f"\nover SPEC tolerance: {', '.join(sorted(set(bad)))}")
+    run_cases(torch, a, cases, workdir, dev, run_case, table, json_record)
 
 
 if __name__ == "__main__":

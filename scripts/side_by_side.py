@@ -509,6 +509,29 @@ def json_record(r, count="valid_slots"):
 # ---------------------------------------------------------------- main
 
 
+def run_cases(torch, a, cases, workdir, dev, run_case, table, json_record):
+    """Runs every case (`run_case`), appending each record to `a.json` as it
+    completes, removes the work directory unless it was given or kept, then
+    prints the table and the cases over SPEC's tolerance."""
+    rows = []
+    jf = open(a.json, "w") if a.json else None
+    try:
+        for i, c in enumerate(cases):
+            rows.append(run_case(torch, a, c, i, workdir, dev))
+            if jf:
+                jf.write(json_record(rows[-1]) + "\n")
+                jf.flush()
+    finally:
+        if jf:
+            jf.close()
+        if not a.workdir and not a.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(table(rows))
+    bad = [r["case"] for r in rows for s in ("cudnn", "crate") if r[s].get("over")]
+    if bad:
+        print(f"\nover SPEC tolerance: {', '.join(sorted(set(bad)))}")
+
+
 def run_case(torch, a, c, i, workdir, dev):
     """Everything for one case: inputs, cuDNN, this crate, errors."""
     name = case_name(c)
@@ -562,23 +585,7 @@ def main(argv=None):
     cases = build_cases(a)
     print(f"GPU {torch.cuda.get_device_name()}; torch {torch.__version__}; {len(cases)} cases; "
           f"{a.runs} runs after {a.warmup} warm-ups; d_index_k {a.dk}; reference {a.ref}", flush=True)
-    rows = []
-    jf = open(a.json, "w") if a.json else None
-    try:
-        for i, c in enumerate(cases):
-            rows.append(run_case(torch, a, c, i, workdir, dev))
-            if jf:
-                jf.write(json_record(rows[-1]) + "\n")
-                jf.flush()
-    finally:
-        if jf:
-            jf.close()
-        if not a.workdir and not a.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(table(rows))
-    bad = [r["case"] for r in rows for s in ("cudnn", "crate") if r[s].get("over")]
-    if bad:
-        print(f"\nover SPEC tolerance: {', '.join(sorted(set(bad)))}")
+    run_cases(torch, a, cases, workdir, dev, run_case, table, json_record)
 
 
 if __name__ == "__main__":
