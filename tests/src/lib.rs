@@ -6,6 +6,7 @@ pub mod dense;
 pub mod dense_io;
 pub mod io;
 pub mod report;
+pub mod script;
 
 use cudarc::driver::CudaView;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};

@@ -7,26 +7,9 @@
 
 use dsa_indexer_bwd::dense::Layout;
 use indexer_tests::dense_io::read_dense_case;
-use std::path::{Path, PathBuf};
+use indexer_tests::script::{python, scripts_dir as scripts};
+use std::path::Path;
 use std::process::Command;
-
-fn scripts() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts")
-}
-
-/// `python3 args...`, or `None` when there is no python3.
-fn python(args: &[&str]) -> Option<(i32, String, String)> {
-    let out = Command::new("python3")
-        .args(args)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .ok()?;
-    Some((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
-}
 
 #[test]
 fn help_needs_no_torch() {

@@ -5,25 +5,11 @@
 use dsa_indexer_bwd::bf16;
 use dsa_indexer_bwd::oneshot::GradVec;
 use indexer_tests::io::{read_case, serialize_outputs};
+use indexer_tests::script::{python, scripts_dir};
 use std::path::PathBuf;
-use std::process::Command;
 
 fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/side_by_side.py")
-}
-
-/// `python3 args...`, or `None` when there is no python3.
-fn python(args: &[&str]) -> Option<(i32, String, String)> {
-    let out = Command::new("python3")
-        .args(args)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .ok()?;
-    Some((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
+    scripts_dir().join("side_by_side.py")
 }
 
 #[test]
