@@ -3,9 +3,10 @@
 //! parameter's tensor maps); each streamed tile's grad_signal by 4-byte
 //! `cp.async` copies whose completion arrives on the stage's "full"
 //! barrier (zero-filled where the row does not see the key), and a key
-//! item's weights by plain loads one row ahead (and the row's visible
-//! count), stored before the lane's second arrival. Nothing the producer waits for depends on its own
-//! loads, so it runs up to `STAGES` tiles ahead of the consumers.
+//! item's weights and the row's visible count by plain loads issued one
+//! row ahead ([`Scalars`]), stored before the lane's second arrival.
+//! Nothing the producer waits for depends on a load it just issued, so it
+//! runs up to `STAGES` tiles ahead of the consumers.
 
 use super::ctx::Ctx;
 use super::{BLOCK_BYTES, HEADS, ITEM_KEYS, PRODUCER_LANES, SMEM, TILE_BYTES, TILE_KEYS};
@@ -168,21 +169,20 @@ pub(super) unsafe fn keys(
             }
         }
     }
-    let wt = c.p.weights as *const u16;
-    // This lane's two weights (one word) of query row `row`.
-    let word = |row: u32| {
-        let at = (row * HEADS + 2 * lane) as usize;
-        // SAFETY: two weights of a query row (HEADS = 2 x 32 lanes).
-        unsafe { *wt.add(at) as u32 | (*wt.add(at + 1) as u32) << 16 }
-    };
     let rows = row_end - row_begin;
-    let mut next = word(row_begin);
+    let mut next = Scalars::load(c, row_begin, lane);
     for t in 0..rows {
         let row = row_begin + t;
+        // This row's scalars were loaded during the previous row (their
+        // first use here waits for them); the next row's load now.
+        let now = next;
+        if t + 1 < rows {
+            next = Scalars::load(c, row + 1, lane);
+        }
+        let (lim, weights) = (now.lim, now.word());
         // SAFETY: producer; the consumers release every tile.
         unsafe { c.wait_empty(t) };
         let st = c.stage(t);
-        let lim = visible(c, row);
         for m in 0..GS_PER_LANE {
             let w = lane + PRODUCER_LANES * m;
             let col = col0 + w;
@@ -192,15 +192,49 @@ pub(super) unsafe fn keys(
         // SAFETY: this lane's word of the free buffer (lane 0 also the
         // visible count).
         unsafe {
-            smem::st_u32(st.add(SMEM.w + 4 * lane), next);
+            smem::st_u32(st.add(SMEM.w + 4 * lane), weights);
             if lane == 0 {
                 smem::st_u32(st.add(SMEM.lim), lim);
             }
         }
-        if t + 1 < rows {
-            next = word(row + 1);
-        }
         // SAFETY: after this lane's copies and store.
         unsafe { fill(c, lane, t, Map::Q, row * HEADS) };
+    }
+}
+
+/// What a key item's producer lane stores per query row besides the
+/// copies: the row's visible key count and this lane's two weights, kept
+/// as loaded (the two bf16 apart) so that loading them one row ahead does
+/// not wait for them: only [`Scalars::word`], at the store, does.
+#[derive(Clone, Copy)]
+struct Scalars {
+    /// The row's visible key count.
+    lim: u32,
+    /// Weight of head `2 lane`.
+    lo: u16,
+    /// Weight of head `2 lane + 1`.
+    hi: u16,
+}
+
+impl Scalars {
+    /// Issues the loads of query row `row`'s scalars for `lane`.
+    #[inline(always)]
+    fn load(c: &Ctx<'_>, row: u32, lane: u32) -> Scalars {
+        let wt = c.p.weights as *const u16;
+        let at = (row * HEADS + 2 * lane) as usize;
+        // SAFETY: two weights of a query row of the launch (HEADS = 2 x 32
+        // lanes).
+        let (lo, hi) = unsafe { (*wt.add(at), *wt.add(at + 1)) };
+        Scalars {
+            lim: visible(c, row),
+            lo,
+            hi,
+        }
+    }
+
+    /// The two weights as one word (head `2 lane` in the low half).
+    #[inline(always)]
+    fn word(self) -> u32 {
+        self.lo as u32 | (self.hi as u32) << 16
     }
 }
