@@ -14,7 +14,9 @@
 //! The check, per function:
 //! 1. Lane variance of every register, flow-insensitively: `%laneid`,
 //!    loads from lane-dependent addresses, atomics, shuffles, MMA
-//!    fragments, `mbarrier.try_wait` results, ... are lane-varying;
+//!    fragments, `mbarrier.try_wait` results, ... are lane-varying (but a
+//!    full-warp `shfl.sync.idx` from a constant lane is a broadcast, so
+//!    uniform);
 //!    `%tid.x` is "thread index" whose warp part is uniform, so
 //!    `tid >> 5`, `tid / 32`, `tid & ~31` and `tid < 32k` are warp-uniform
 //!    while `tid & 31` or `tid == 0` are not; everything else inherits the
@@ -372,6 +374,10 @@ fn def_class(
             },
         }
     };
+    // A broadcast: every lane gets the same lane's value.
+    if is_broadcast(inst) {
+        return Some(Var::Uniform);
+    }
     // Sources of lane variance whatever their operands.
     if matches!(
         head,
@@ -414,6 +420,19 @@ fn def_class(
         return Some(Var::Varying);
     }
     Some(tid_transfer(inst, head))
+}
+
+/// `shfl.sync.idx.b32 d, a, LANE, 0x1f, -1` with a constant `LANE`: every
+/// lane of the (whole) warp receives lane `LANE`'s value.
+fn is_broadcast(inst: &Inst) -> bool {
+    let o = &inst.operands;
+    let imm = |s: &str| !s.contains('%');
+    inst.opcode.starts_with("shfl.sync.idx")
+        && inst.guard.is_none()
+        && o.len() == 5
+        && imm(&o[2])
+        && o[3] == "0x1f"
+        && matches!(o[4].as_str(), "-1" | "0xffffffff" | "0xFFFFFFFF")
 }
 
 /// The variance of `op(tid + 32k, immediates)`.
@@ -696,6 +715,18 @@ mod tests {
             "\tmov.u32 %r1, %tid.x;\n\tand.b32 %r2, %r1, 31;\n\tsetp.ne.s32 %p1, %r2, 0;\n\t@%p1 bra $L__BB0_2;\n\tst.shared.b32 [%r3], %r2;\n$L__BB0_2:\n\t{LD}\n\t{{ .reg .pred p; setp.ne.u32 p, %r2, 0; barrier.red.popc.u32 %r4, 0, p; }}\n\tret;\n"
         ));
         assert_eq!(check(&ptx), []);
+    }
+
+    #[test]
+    fn a_broadcast_from_a_constant_lane_is_uniform() {
+        let body = |lane: &str| {
+            kernel(&format!(
+                "\tmov.u32 %r1, %tid.x;\n\tand.b32 %r2, %r1, 31;\n\tshfl.sync.idx.b32 %r3, %r2, {lane}, 0x1f, -1;\n\tsetp.lt.u32 %p1, %r3, 7;\n\t@%p1 bra $L__BB0_2;\n\tbar.warp.sync -1;\n$L__BB0_2:\n\tret;\n"
+            ))
+        };
+        assert_eq!(check(&body("0")), []);
+        // From a lane that varies, the result varies.
+        assert_eq!(check(&body("%r2")).len(), 1);
     }
 
     #[test]

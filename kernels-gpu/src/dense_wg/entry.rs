@@ -38,7 +38,8 @@ pub unsafe extern "ptx-kernel" fn indexer_dense_bwd_wg_h64_d128(p: DenseTilePara
         p: &p,
         maps: param0_generic_addr!("indexer_dense_bwd_wg_h64_d128"),
         tid,
-        wg: tid / 128,
+        // SAFETY: every thread, converged; the warpgroup is warp-uniform.
+        wg: unsafe { sync::uniform_u32(tid / 128) },
         t: tid % 128,
         base: SmemAddr((raw + 1023) & !1023),
     };

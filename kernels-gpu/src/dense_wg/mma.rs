@@ -58,6 +58,8 @@ pub(super) unsafe fn pipeline(
 ) {
     // SAFETY: the fixed tile landed (the caller's contract).
     let a = (unsafe { fragments(a) }, desc(a.0 + BLOCK_BYTES, 16));
+    // SAFETY: whole warpgroup; `n` is warpgroup-uniform.
+    let n = unsafe { crate::ptx::sync::uniform_u32(n) };
     // S of the current and of the next tile, trading places every tile:
     // the loop runs two tiles per trip so that neither is ever copied
     // while the tensor cores write it.

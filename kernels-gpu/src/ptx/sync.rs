@@ -182,6 +182,28 @@ pub fn opaque_u32(x: u32) -> u32 {
     r
 }
 
+/// `x` of the warp's lane 0 (`shfl.sync.idx`): for a value the caller
+/// knows to be the same in every lane, this tells ptxas so, which lets it
+/// keep what is derived from it (shared-memory addresses, `wgmma`
+/// descriptors) in uniform registers instead of moving it there before
+/// every use.
+///
+/// # Safety
+/// All 32 lanes of the warp execute it together (warp-collective).
+#[inline(always)]
+pub unsafe fn uniform_u32(x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: the caller's contract; a full-mask shuffle.
+    unsafe {
+        asm!(
+            "shfl.sync.idx.b32 {r}, {x}, 0, 0x1f, 0xffffffff;",
+            r = out(reg32) r, x = in(reg32) x,
+            options(nomem, nostack)
+        )
+    }
+    r
+}
+
 /// `setmaxnreg.inc.sync.aligned.u32 N`: raises this warpgroup's
 /// per-thread register allocation to `N` (blocking until the SM has them:
 /// another warpgroup of the CTA releases them with [`setmaxnreg_dec`]).
