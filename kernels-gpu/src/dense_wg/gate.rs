@@ -13,6 +13,7 @@
 //! dS, whose weights may be anything) select on it, which `MASKED` gates
 //! elide for tiles the row sees whole.
 
+use crate::ptx::arith::fma_rn;
 use crate::ptx::cvt::pack_bf16x2;
 
 /// Row item, one key tile: `acc` is S/sm_scale for 64 heads x 64 keys
@@ -42,7 +43,8 @@ pub(super) fn rows<const MASKED: bool>(
                 let s = scale * acc[r];
                 let relu = if s > 0.0 { s } else { 0.0 };
                 let seen = !MASKED || 8 * j + c2 + k < lim;
-                dw[h as usize] += g[k as usize] * if seen { relu } else { 0.0 };
+                let x = if seen { relu } else { 0.0 };
+                dw[h as usize] = fma_rn(g[k as usize], x, dw[h as usize]);
                 ds[k as usize] = if s > 0.0 { g[k as usize] } else { 0.0 };
             }
             a[(2 * j + h) as usize] = pack_bf16x2(ds[0], ds[1]);

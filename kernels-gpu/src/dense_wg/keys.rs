@@ -13,6 +13,7 @@ use crate::ptx::smem;
 /// # Safety
 /// The kernel's launch contract; every thread of a consumer warpgroup
 /// calls it.
+#[inline(always)]
 pub(super) unsafe fn run(
     c: &Ctx<'_>,
     key_start: u32,

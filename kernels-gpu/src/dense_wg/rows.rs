@@ -14,6 +14,7 @@ use crate::ptx::{smem, sync};
 /// # Safety
 /// The kernel's launch contract; every thread of a consumer warpgroup
 /// calls it.
+#[inline(always)]
 pub(super) unsafe fn run(c: &Ctx<'_>, row0: u32, nrows: u32, tiles: u32) {
     if c.wg >= nrows {
         return;
@@ -34,7 +35,10 @@ pub(super) unsafe fn run(c: &Ctx<'_>, row0: u32, nrows: u32, tiles: u32) {
         // before the tile's "full" phase).
         unsafe {
             c.wait_fixed();
-            mma::pipeline(c, c.fixed(c.wg), tiles, &mut dq0, &mut dq1, |t, s| {
+            // (Inlined by force: as a call, the pipeline would cross a
+            // function boundary, which ptxas serialises.)
+            mma::pipeline(c, c.fixed(c.wg), tiles, &mut dq0, &mut dq1, #[inline(always)]
+            |t, s| {
                 let gs = c.stage(t).add(SMEM.gs + 4 * TILE_KEYS * c.wg);
                 let gs = |j: u32| smem::ld_v2_f32(gs.add(4 * (8 * j + c2)));
                 // Keys this row sees in the tile (uniform in the warpgroup).

@@ -4,6 +4,7 @@
 //!
 //! Kernels call these wrappers and never write PTX themselves.
 
+pub mod arith;
 pub mod bulk;
 pub mod cp_async;
 pub mod cvt;
