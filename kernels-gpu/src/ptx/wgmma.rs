@@ -101,6 +101,40 @@ macro_rules! close_chain {
     };
 }
 
+/// The four `m64n64k16` steps of dQ += dS K on the accumulators `d`
+/// ([`dq_m64n64`]'s layouts: A `{a}` K-major, step `k` 32 bytes further;
+/// B `{b}` MN-major, step `k` 2048 bytes further), inside a chain.
+macro_rules! dq_steps {
+    () => {
+        concat!(
+            mma!("m64n64k16", regs32!(), "{a}", "{b}", 0, 1),
+            "\n",
+            step!("m64n64k16", regs32!(), "{a}", 2, "{b}", 128, 0, 1),
+            "\n",
+            step!("m64n64k16", regs32!(), "{a}", 4, "{b}", 256, 0, 1),
+            "\n",
+            step!("m64n64k16", regs32!(), "{a}", 6, "{b}", 384, 0, 1)
+        )
+    };
+}
+
+/// The four `m64n64k16` steps of dK += dS^T q on the accumulators `d`
+/// ([`dk_m64n64`]'s layouts: A `$a` and B `$b` MN-major, step `k` 2048
+/// bytes further), inside a chain.
+macro_rules! dk_steps {
+    ($a:literal, $b:literal) => {
+        concat!(
+            mma!("m64n64k16", regs32!(), $a, $b, 1, 1),
+            "\n",
+            step!("m64n64k16", regs32!(), $a, 128, $b, 128, 1, 1),
+            "\n",
+            step!("m64n64k16", regs32!(), $a, 256, $b, 256, 1, 1),
+            "\n",
+            step!("m64n64k16", regs32!(), $a, 384, $b, 384, 1, 1)
+        )
+    };
+}
+
 /// `asm!` with the 16 accumulator registers of an `m64n32` tile as its
 /// first operands `d0`..`d15` (in/out), then the given ones, then
 /// `options(nostack)`: the wrappers below differ only in their templates.
@@ -262,10 +296,7 @@ pub unsafe fn dq_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
             acc,
             [
                 open_chain!(),
-                mma!("m64n64k16", regs32!(), "{a}", "{b}", 0, 1),
-                step!("m64n64k16", regs32!(), "{a}", 2, "{b}", 128, 0, 1),
-                step!("m64n64k16", regs32!(), "{a}", 4, "{b}", 256, 0, 1),
-                step!("m64n64k16", regs32!(), "{a}", 6, "{b}", 384, 0, 1),
+                dq_steps!(),
                 close_chain!(),
                 "wgmma.wait_group.sync.aligned 0;",
             ],
@@ -294,10 +325,7 @@ pub unsafe fn dk_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
             acc,
             [
                 open_chain!(),
-                mma!("m64n64k16", regs32!(), "{a}", "{b}", 1, 1),
-                step!("m64n64k16", regs32!(), "{a}", 128, "{b}", 128, 1, 1),
-                step!("m64n64k16", regs32!(), "{a}", 256, "{b}", 256, 1, 1),
-                step!("m64n64k16", regs32!(), "{a}", 384, "{b}", 384, 1, 1),
+                dk_steps!("{a}", "{b}"),
                 close_chain!(),
                 "wgmma.wait_group.sync.aligned 0;",
             ],
@@ -324,14 +352,8 @@ pub unsafe fn dk_m64n64_k128(acc: &mut [f32; 32], a0: u64, b0: u64, a1: u64, b1:
             acc,
             [
                 open_chain!(),
-                mma!("m64n64k16", regs32!(), "{a0}", "{b0}", 1, 1),
-                step!("m64n64k16", regs32!(), "{a0}", 128, "{b0}", 128, 1, 1),
-                step!("m64n64k16", regs32!(), "{a0}", 256, "{b0}", 256, 1, 1),
-                step!("m64n64k16", regs32!(), "{a0}", 384, "{b0}", 384, 1, 1),
-                mma!("m64n64k16", regs32!(), "{a1}", "{b1}", 1, 1),
-                step!("m64n64k16", regs32!(), "{a1}", 128, "{b1}", 128, 1, 1),
-                step!("m64n64k16", regs32!(), "{a1}", 256, "{b1}", 256, 1, 1),
-                step!("m64n64k16", regs32!(), "{a1}", 384, "{b1}", 384, 1, 1),
+                dk_steps!("{a0}", "{b0}"),
+                dk_steps!("{a1}", "{b1}"),
                 close_chain!(),
                 "wgmma.wait_group.sync.aligned 0;",
             ],

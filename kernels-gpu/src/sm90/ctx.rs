@@ -217,7 +217,9 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
         let tid = if PAIRED { tid_cta % THREADS } else { tid_cta };
         let warp = tid / 32;
         let lane = tid % 32;
-        let wg = tid / 128;
+        // SAFETY: every thread of the CTA, converged (the constructor runs
+        // before any lane-dependent branch); the warpgroup is warp-uniform.
+        let wg = unsafe { sync::uniform_u32(tid / 128) };
         let wi = warp % 4;
         let g = lane / 4;
         let c = 2 * (lane % 4);
