@@ -220,6 +220,26 @@ impl Problem {
         p
     }
 
+    /// Gives every valid slot of each row the row's first valid key (the
+    /// row's slots then share one S, and the exact gradients cancel to
+    /// the rounding level of the inputs). Padding is left as it is.
+    pub fn repeat_first_key(&mut self) {
+        for (ids, valid) in self
+            .ids
+            .chunks_mut(self.shape.topk)
+            .zip(self.valid.chunks(self.shape.topk))
+        {
+            let Some(first) = ids.iter().zip(valid).find(|(_, &v)| v).map(|(&id, _)| id) else {
+                continue;
+            };
+            for (id, &v) in ids.iter_mut().zip(valid) {
+                if v {
+                    *id = first;
+                }
+            }
+        }
+    }
+
     /// Rewrites every padding slot's id with the given convention (scores
     /// on padded slots stay non-zero); drops any i64 ids.
     pub fn repad(&mut self, rng: &mut impl Rng, padding: Padding) {
@@ -1003,6 +1023,13 @@ pub fn compare_with_reference(p: &Problem, out: &GpuOut, floors: Floors) -> Resu
 /// comparison): each output's error finite, within SPEC's tolerance `tol`,
 /// and at most 2x the f32/bf16-dS reference's error `e32` (or 2x its
 /// floor); `ctx` describes the case in the message.
+///
+/// An output whose f32 reference itself misses `tol` is ill-conditioned:
+/// its exact value cancels to the rounding level of the f32 inputs (every
+/// slot of a row holding the same key: the slots' grad_signal sums to
+/// zero, and so do its dQ, dK and d_weights contributions), so no f32
+/// computation meets a relative bound against it. There only the 2x bound
+/// applies; a wrong value still fails it by orders of magnitude.
 pub fn within_bounds(
     e: &Errors,
     e32: &Errors,
@@ -1025,7 +1052,7 @@ pub fn within_bounds(
         if !got.is_finite() {
             return Err(format!("{name}: non-finite output; {ctx}"));
         }
-        if got > tol {
+        if got > tol && f32e <= tol {
             return Err(format!("{name}: error {got:.3e} > {tol:.1e}; {ctx}"));
         }
         if got > 2.0 * f32e.max(floor) {
@@ -1065,6 +1092,33 @@ pub fn same_bits<T: Bits>(a: &[T], b: &[T]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn errs(x: f64) -> Errors {
+        Errors {
+            grad_signal: x,
+            d_index_q: x,
+            d_weights: x,
+            d_index_k: x,
+        }
+    }
+
+    #[test]
+    fn bounds_apply_the_tolerance_unless_the_f32_reference_misses_it() {
+        let tol = errs(8e-3);
+        let floors = GRID_FLOORS;
+        // Well-conditioned: within 2x of the f32 reference but over SPEC's
+        // tolerance fails; within both passes.
+        assert!(within_bounds(&errs(9e-3), &errs(6e-3), &tol, floors, "").is_err());
+        assert!(within_bounds(&errs(7e-3), &errs(6e-3), &tol, floors, "").is_ok());
+        // Over 2x the f32 reference fails even within the tolerance.
+        assert!(within_bounds(&errs(2e-3), &errs(5e-4), &tol, floors, "").is_err());
+        // Ill-conditioned (the f32 reference misses the tolerance): the
+        // 2x bound alone.
+        assert!(within_bounds(&errs(1.0), &errs(1.0), &tol, floors, "").is_ok());
+        assert!(within_bounds(&errs(2.5), &errs(1.0), &tol, floors, "").is_err());
+        // Non-finite always fails.
+        assert!(within_bounds(&errs(f64::NAN), &errs(1.0), &tol, floors, "").is_err());
+    }
 
     #[test]
     fn same_bits_needs_equal_lengths_and_bits() {

@@ -106,6 +106,23 @@ fn gpu_matches_reference_on_random_problems() {
     run_cases("gpu_matches_reference_on_random_problems", cases, 256);
 }
 
+/// 48 cases whose rows hold one key in every valid slot: the slots'
+/// grad_signal sums to zero, so the exact d_index_q, d_weights and
+/// d_index_k cancel to the rounding level of the f32 inputs and only the
+/// 2x-of-f32 bound judges them (`indexer_tests::within_bounds`); topk up
+/// to 600 so the wgmma kernels run them too. Same checks.
+#[test]
+fn gpu_rows_of_one_repeated_key_match_reference() {
+    let cases = case(vec![16, 32, 64, 128], vec![64, 128], 1..=24, 1..=600);
+    run_cases_with(
+        "gpu_rows_of_one_repeated_key_match_reference",
+        cases.prop_map(|c| (c, ())),
+        48,
+        Values::Grid,
+        |p, _, ()| p.repeat_first_key(),
+    );
+}
+
 /// 128 more cases at H = 64, D = 128 (on Hopper the fast path of the
 /// benchmark shape for topk > 64, the mma.sync kernel below), topk up to
 /// 600 (up to ten 64-slot chunks), same checks.
