@@ -101,23 +101,6 @@ macro_rules! close_chain {
     };
 }
 
-/// The four `m64n64k16` steps of dQ += dS K on the accumulators `d`
-/// ([`dq_m64n64`]'s layouts: A `{a}` K-major, step `k` 32 bytes further;
-/// B `{b}` MN-major, step `k` 2048 bytes further), inside a chain.
-macro_rules! dq_steps {
-    () => {
-        concat!(
-            mma!("m64n64k16", regs32!(), "{a}", "{b}", 0, 1),
-            "\n",
-            step!("m64n64k16", regs32!(), "{a}", 2, "{b}", 128, 0, 1),
-            "\n",
-            step!("m64n64k16", regs32!(), "{a}", 4, "{b}", 256, 0, 1),
-            "\n",
-            step!("m64n64k16", regs32!(), "{a}", 6, "{b}", 384, 0, 1)
-        )
-    };
-}
-
 /// The four `m64n64k16` steps of dK += dS^T q on the accumulators `d`
 /// ([`dk_m64n64`]'s layouts: A `$a` and B `$b` MN-major, step `k` 2048
 /// bytes further), inside a chain.
@@ -296,7 +279,10 @@ pub unsafe fn dq_m64n64(acc: &mut [f32; 32], a: u64, b: u64) {
             acc,
             [
                 open_chain!(),
-                dq_steps!(),
+                mma!("m64n64k16", regs32!(), "{a}", "{b}", 0, 1),
+                step!("m64n64k16", regs32!(), "{a}", 2, "{b}", 128, 0, 1),
+                step!("m64n64k16", regs32!(), "{a}", 4, "{b}", 256, 0, 1),
+                step!("m64n64k16", regs32!(), "{a}", 6, "{b}", 384, 0, 1),
                 close_chain!(),
                 "wgmma.wait_group.sync.aligned 0;",
             ],
