@@ -1052,7 +1052,8 @@ pub fn within_bounds(
         if !got.is_finite() {
             return Err(format!("{name}: non-finite output; {ctx}"));
         }
-        if got > tol && f32e <= tol {
+        let ill_conditioned = f32e.is_finite() && f32e > tol;
+        if got > tol && !ill_conditioned {
             return Err(format!("{name}: error {got:.3e} > {tol:.1e}; {ctx}"));
         }
         if got > 2.0 * f32e.max(floor) {
@@ -1116,8 +1117,10 @@ mod tests {
         // 2x bound alone.
         assert!(within_bounds(&errs(1.0), &errs(1.0), &tol, floors, "").is_ok());
         assert!(within_bounds(&errs(2.5), &errs(1.0), &tol, floors, "").is_err());
-        // Non-finite always fails.
+        // Non-finite always fails; a non-finite f32 reference error is no
+        // reason to drop the tolerance.
         assert!(within_bounds(&errs(f64::NAN), &errs(1.0), &tol, floors, "").is_err());
+        assert!(within_bounds(&errs(9e-3), &errs(f64::INFINITY), &tol, floors, "").is_err());
     }
 
     #[test]
