@@ -62,6 +62,10 @@ pub struct IdStats {
     /// `2p`. Each such slot saves one dK row reduction when the paired
     /// kernel computes ([`IdStats::reductions_per_slot`]); at most 1/2.
     pub pair_shared: f64,
+    /// As [`IdStats::union4`] with groups of 2 adjacent rows (at most 2).
+    pub union2: f64,
+    /// As [`IdStats::union4`] with groups of 3 adjacent rows (at most 3).
+    pub union3: f64,
     /// Selections per union key of groups of 4 adjacent query rows: valid
     /// slots over the sum, over the groups, of the distinct key rows named
     /// by the group's valid slots. Row `i` of a batch is in group `i / 4`
@@ -75,6 +79,10 @@ pub struct IdStats {
     /// As [`IdStats::union4`] with groups of 8 adjacent rows (at most 8).
     pub union8: f64,
 }
+
+/// Rows per group of the union counts, [`IdStats::union2`] to
+/// [`IdStats::union8`] in order.
+pub const GROUP_ROWS: [usize; 4] = [2, 3, 4, 8];
 
 /// Key rows marked with a generation stamp: counts the distinct key rows
 /// of each group of slots without clearing anything between groups.
@@ -130,19 +138,20 @@ impl IdStats {
     pub fn count(shape: &Shape, opts: &Options, ids: &[i32]) -> IdStats {
         let topk = shape.topk;
         let keys = shape.batch * shape.seq_k;
-        // All slots one group; groups of 4 and of 8 rows of a batch.
-        let (mut all, mut by4, mut by8) = (Marks::new(keys), Marks::new(keys), Marks::new(keys));
+        // All slots one group; groups of R rows of a batch for each R of
+        // `GROUP_ROWS`.
+        let mut all = Marks::new(keys);
+        let mut by: [Marks; GROUP_ROWS.len()] = std::array::from_fn(|_| Marks::new(keys));
         // Key rows of this row's and the previous flattened row's slots.
         let (mut row, mut prev) = (vec![None; topk], vec![None; topk]);
         let mut valid = 0usize;
         let (mut odd_valid, mut aligned, mut shared) = (0usize, 0usize, 0usize);
         for r in 0..shape.rows() {
             let (b, i) = (r / shape.seq_q, r % shape.seq_q);
-            if r > 0 && i % 4 == 0 {
-                by4.next_group();
-            }
-            if r > 0 && i % 8 == 0 {
-                by8.next_group();
+            for (m, rows) in by.iter_mut().zip(GROUP_ROWS) {
+                if r > 0 && i % rows == 0 {
+                    m.next_group();
+                }
             }
             for (t, key) in row.iter_mut().enumerate() {
                 *key = opts.resolve(shape, b, ids[r * topk + t]);
@@ -153,8 +162,9 @@ impl IdStats {
                 };
                 valid += 1;
                 all.mark(n);
-                by4.mark(n);
-                by8.mark(n);
+                for m in &mut by {
+                    m.mark(n);
+                }
                 let same = before == Some(n);
                 // Row i - 1 of the same batch; flattened pair (r - 1, r).
                 if i % 2 == 1 {
@@ -167,14 +177,16 @@ impl IdStats {
             }
             std::mem::swap(&mut row, &mut prev);
         }
-        let per = |m: &Marks| valid as f64 / m.distinct as f64;
+        let [u2, u3, u4, u8] = by.map(|m| valid as f64 / m.distinct as f64);
         IdStats {
             valid_slots: valid as f64,
             distinct_keys: all.distinct as f64,
             pair_aligned: share(aligned, odd_valid),
             pair_shared: share(shared, valid),
-            union4: per(&by4),
-            union8: per(&by8),
+            union2: u2,
+            union3: u3,
+            union4: u4,
+            union8: u8,
         }
     }
 
@@ -207,6 +219,8 @@ impl IdStats {
         distinct_keys: f64::NAN,
         pair_aligned: f64::NAN,
         pair_shared: f64::NAN,
+        union2: f64::NAN,
+        union3: f64::NAN,
         union4: f64::NAN,
         union8: f64::NAN,
     };
@@ -290,7 +304,8 @@ fn ids_name(v: &serde_json::Value) -> &'static str {
 /// The markdown table of `points` and the ceilings line. "dK GB/s" is
 /// valid slots x D x 4 bytes over the median time (the f32 dK traffic the
 /// reductions carry); "valid slots", "slots/key", "pair-aligned" and
-/// "sel/union key R=4" / "R=8" ([`IdStats::union4`], [`IdStats::union8`])
+/// "sel/union key R=2" / "R=3" / "R=4" / "R=8" ([`IdStats::union2`] ...
+/// [`IdStats::union8`])
 /// are [`IdStats`]; "reductions/slot" is [`Point::reductions_per_slot`].
 pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
     let mut s = String::new();
@@ -305,15 +320,15 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
         [_] => String::new(),
         _ => format!(" H{} D{}", p.workload.heads, p.workload.dim),
     };
-    let _ = writeln!(s, "| topk | ids | S_q x S_k | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us | valid slots (M) | slots/key | pair-aligned | sel/union key R=4 | R=8 | reductions/slot |");
+    let _ = writeln!(s, "| topk | ids | S_q x S_k | d_index_k | median us | min us | p90 us | zeroing us | gradients us | cast us | TFLOP/s | dK GB/s | bound | of bound | traffic floor us | valid slots (M) | slots/key | pair-aligned | sel/union key R=2 | R=3 | R=4 | R=8 | reductions/slot |");
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {} | {}x{}{} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {}x{}{} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {:.1} | {:.0} | {} | {:.0}% | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             p.topk,
             p.ids,
             p.workload.seq_q,
@@ -335,6 +350,8 @@ pub fn markdown(points: &[Point], gpu: &str, c: &Ceilings) -> String {
             or_dash(p.stats.valid_slots / 1e6, 2),
             or_dash(p.stats.slots_per_key(), 1),
             or_dash(p.stats.pair_aligned, 2),
+            or_dash(p.stats.union2, 2),
+            or_dash(p.stats.union3, 2),
             or_dash(p.stats.union4, 2),
             or_dash(p.stats.union8, 2),
             or_dash(p.reductions_per_slot, 3)
@@ -500,10 +517,10 @@ pub fn ceilings_json(gpu: &str, c: &Ceilings) -> String {
 /// the workload (`seq_q`, `seq_k`, `heads`, `dim`) and [`IdStats`]
 /// (`valid_slots`, `distinct_keys`, `slots_per_key`, `pair_aligned`);
 /// later also `pair_shared`, `union4`, `union8` and
-/// `reductions_per_slot`.
+/// `reductions_per_slot`, then `union2` and `union3`.
 pub fn point_json(p: &Point) -> String {
     format!(
-        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"seq_q\":{},\"seq_k\":{},\"heads\":{},\"dim\":{},\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\",\"traffic_us\":{},\"valid_slots\":{},\"distinct_keys\":{},\"slots_per_key\":{},\"pair_aligned\":{},\"pair_shared\":{},\"union4\":{},\"union8\":{},\"reductions_per_slot\":{}}}",
+        "{{\"kind\":\"point\",\"topk\":{},\"ids\":\"{}\",\"seq_q\":{},\"seq_k\":{},\"heads\":{},\"dim\":{},\"dk\":\"{}\",\"median_us\":{:.1},\"min_us\":{:.1},\"p90_us\":{:.1},\"zeroing_us\":{:.1},\"gradients_us\":{:.1},\"cast_us\":{:.1},\"tflops\":{:.2},\"dk_scatter_gbs\":{:.1},\"bound_us\":{:.1},\"binding\":\"{}\",\"traffic_us\":{},\"valid_slots\":{},\"distinct_keys\":{},\"slots_per_key\":{},\"pair_aligned\":{},\"pair_shared\":{},\"union2\":{},\"union3\":{},\"union4\":{},\"union8\":{},\"reductions_per_slot\":{}}}",
         p.topk,
         p.ids,
         p.workload.seq_q,
@@ -527,6 +544,8 @@ pub fn point_json(p: &Point) -> String {
         json_num(p.stats.slots_per_key(), 3),
         json_num(p.stats.pair_aligned, 4),
         json_num(p.stats.pair_shared, 4),
+        json_num(p.stats.union2, 4),
+        json_num(p.stats.union3, 4),
         json_num(p.stats.union4, 4),
         json_num(p.stats.union8, 4),
         json_num(p.reductions_per_slot, 4)
@@ -619,6 +638,8 @@ pub fn parse_json_lines(text: &str) -> Result<(String, Ceilings, Vec<Point>), St
                         distinct_keys: opt(&v, "distinct_keys"),
                         pair_aligned: opt(&v, "pair_aligned"),
                         pair_shared: opt(&v, "pair_shared"),
+                        union2: opt(&v, "union2"),
+                        union3: opt(&v, "union3"),
                         union4: opt(&v, "union4"),
                         union8: opt(&v, "union8"),
                     },

@@ -33,6 +33,8 @@ fn point(topk: usize, ids: &'static str, dk: GradDtype, us: f64) -> Point {
             distinct_keys: 4096.0,
             pair_aligned: 0.0,
             pair_shared: 0.0,
+            union2: 1.5,
+            union3: 2.25,
             union4: 2.5,
             union8: 3.75,
         },
@@ -75,6 +77,8 @@ fn markdown_and_svg_render() {
         distinct_keys: 65536.0,
         pair_aligned: 0.0,
         pair_shared: 0.0,
+        union2: 1.0625,
+        union3: 1.1875,
         union4: 1.25,
         union8: 1.5,
     };
@@ -94,16 +98,20 @@ fn markdown_and_svg_render() {
         "{md}"
     );
     // 8.39 M valid slots over 65536 keys: 128 slots per key; then the
-    // union sharing of groups of 4 and 8 rows and reductions per slot.
+    // union sharing of groups of 2, 3, 4 and 8 rows and reductions per
+    // slot.
     assert!(
-        md.contains("| 8.39 | 128.0 | 0.00 | 1.25 | 1.50 | 1.000 |"),
+        md.contains("| 8.39 | 128.0 | 0.00 | 1.06 | 1.19 | 1.25 | 1.50 | 1.000 |"),
         "{md}"
     );
     assert!(
-        md.contains("| sel/union key R=4 | R=8 | reductions/slot |"),
+        md.contains("| sel/union key R=2 | R=3 | R=4 | R=8 | reductions/slot |"),
         "{md}"
     );
-    assert!(md.contains("| 0.00 | 2.50 | 3.75 | 1.000 |"), "{md}");
+    assert!(
+        md.contains("| 0.00 | 1.50 | 2.25 | 2.50 | 3.75 | 1.000 |"),
+        "{md}"
+    );
     assert!(md.contains("B = 1, H = 64, D = 128."), "{md}");
     // Two heads x head dimensions in one run: each row names its shape.
     let mut h128 = point(512, "uniform", GradDtype::F32, 1500.0);
@@ -175,7 +183,7 @@ fn json_lines_round_trip_with_the_new_fields() {
     assert!(pts[0].traffic_us.is_nan() && pts[0].stats.valid_slots.is_nan());
     assert!(pts[0].stats.union4.is_nan() && pts[0].reductions_per_slot.is_nan());
     let md = markdown(&pts, "g", &c);
-    assert!(md.contains("| - | - | - | - | - | - |"), "{md}");
+    assert!(md.contains("| - | - | - | - | - | - | - | - |"), "{md}");
 }
 
 /// Every bench run in docs/runs still renders: the headline shape (runs
@@ -267,16 +275,26 @@ fn union_sharing_counts_each_groups_distinct_keys() {
     let same: Vec<i32> = (0..8).flat_map(|_| [0, 1, 2]).collect();
     let st = count(&s, false, &same);
     assert_eq!((st.union4, st.union8), (4.0, 8.0), "{st:?}");
+    // Groups of 2 (four of them) and of 3 (rows 0-2, 3-5 and the short
+    // 6-7): 24 slots over 4 x 3 and over 3 x 3 union keys.
+    assert_eq!(st.union2, 2.0, "{st:?}");
+    assert!((st.union3 - 24.0 / 9.0).abs() < 1e-12, "{st:?}");
     // Disjoint rows: one selection per union key.
     let s = shape(1, 8, 32, 1, 8, 4);
     let disjoint: Vec<i32> = (0..32).collect();
     let st = count(&s, false, &disjoint);
-    assert_eq!((st.union4, st.union8), (1.0, 1.0), "{st:?}");
+    assert_eq!(
+        (st.union2, st.union3, st.union4, st.union8),
+        (1.0, 1.0, 1.0, 1.0),
+        "{st:?}"
+    );
     // S_q = 6: groups of 4 rows are rows 0-3 and the short 4-5 (two keys
     // each: 12 slots over 4 union keys); one group of 8 (12 over 2).
     let s = shape(1, 6, 8, 1, 8, 2);
     let st = count(&s, true, &[0, 1].repeat(6));
     assert_eq!((st.union4, st.union8), (3.0, 6.0), "{st:?}");
+    // Three groups of 2 and two of 3, each with the two keys.
+    assert_eq!((st.union2, st.union3), (2.0, 3.0), "{st:?}");
     // Padding and ids outside the key range are not slots: row 0 holds
     // one valid slot, rows 1-3 two (key 9 of S_k = 8 is outside).
     let s = shape(1, 4, 8, 1, 8, 3);

@@ -14,8 +14,8 @@
 //! Besides time, each point reports what its ids ask of the dK reduction
 //! (`report::IdStats`): valid slots, distinct key rows they name, valid
 //! slots per distinct key row, the share of slot-aligned equal pairs of
-//! rows, the selections per distinct key of the union of groups of 4 and
-//! of 8 adjacent rows, the dK row reductions the computing kernel issues
+//! rows, the selections per distinct key of the union of groups of 2, 3,
+//! 4 and 8 adjacent rows, the dK row reductions the computing kernel issues
 //! per valid slot, and dK GB/s = valid slots x D x 4 bytes / median time.
 //!
 //! ```text
@@ -1096,6 +1096,8 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
         "slots_per_key": json_num(stats.slots_per_key(), 3).parse::<f64>().ok(),
         "pair_aligned": json_num(stats.pair_aligned, 4).parse::<f64>().ok(),
         "pair_shared": json_num(stats.pair_shared, 4).parse::<f64>().ok(),
+        "union2": json_num(stats.union2, 4).parse::<f64>().ok(),
+        "union3": json_num(stats.union3, 4).parse::<f64>().ok(),
         "union4": json_num(stats.union4, 4).parse::<f64>().ok(),
         "union8": json_num(stats.union8, 4).parse::<f64>().ok(),
         "reductions_per_slot": json_num(stats.reductions_per_slot(paired), 4).parse::<f64>().ok(),
