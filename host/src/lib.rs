@@ -90,7 +90,7 @@ pub use half::bf16;
 pub use plan::Plan;
 pub use raw::RawBuffers;
 pub use select::{select, select_backend, Selection, TCGEN05_VALIDATED};
-pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
+pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape, Unions};
 
 /// The README's code blocks, compiled as doctests so the API example there
 /// cannot drift from the API.

@@ -1,10 +1,13 @@
 //! Groups of adjacent query rows whose top-k lists share keys: the sorted
 //! union of the key rows a group selects, and per row its grad_signal
 //! summed over the slots that hold each union key. Plain Rust, the index
-//! handling of a union kernel (issue 22), host-tested here so that a
-//! device builder can be checked against it. No kernel uses it yet: the
-//! measured bounds and the constraints such a kernel faces are in
-//! docs/perf-notes.md ("Beyond the scatter wall").
+//! handling of a union *tile* kernel over groups of R rows (issue 22),
+//! host-tested here so that a device builder can be checked against it.
+//! No kernel uses it: the two-row union walk that exists
+//! (`sm90::unite`, opt-in) keeps one entry per slot instead and never
+//! multiplies by a zero it does not own. The measured bounds and the
+//! constraints such a kernel faces are in docs/perf-notes.md ("Beyond the
+//! scatter wall").
 //!
 //! Why the summed grad_signal is enough: stage 2's terms of a slot depend
 //! on its key row only through `S`, and are linear in its grad_signal

@@ -319,13 +319,8 @@ impl Problem {
     /// then swaps `swaps` random pairs of its slots, so some slots of the
     /// pair differ. Each odd row does so with probability `share`.
     pub fn pair_rows(&mut self, rng: &mut impl Rng, share: f64, swaps: usize) {
-        let s = self.shape;
-        let topk = s.topk;
-        for r in (1..s.rows()).step_by(2) {
-            let same_batch = r / s.seq_q == (r - 1) / s.seq_q;
-            if (!same_batch && self.opts.key_ids == KeyIds::Global) || !rng.random_bool(share) {
-                continue;
-            }
+        let topk = self.shape.topk;
+        for r in self.partner_rows(rng, share) {
             let (prev, row) = ((r - 1) * topk, r * topk);
             self.ids.copy_within(prev..prev + topk, row);
             self.valid.copy_within(prev..prev + topk, row);
@@ -333,6 +328,39 @@ impl Problem {
                 let (a, b) = (rng.random_range(0..topk), rng.random_range(0..topk));
                 self.ids.swap(row + a, row + b);
                 self.valid.swap(row + a, row + b);
+            }
+        }
+    }
+
+    /// The odd rows that take ids from the row before them, each with
+    /// probability `share`: all of them but those in another batch than
+    /// that row with global ids (where its ids name other keys).
+    fn partner_rows(&self, rng: &mut impl Rng, share: f64) -> Vec<usize> {
+        let s = self.shape;
+        (1..s.rows())
+            .step_by(2)
+            .filter(|&r| {
+                let same_batch = r / s.seq_q == (r - 1) / s.seq_q;
+                (same_batch || self.opts.key_ids != KeyIds::Global) && rng.random_bool(share)
+            })
+            .collect()
+    }
+
+    /// Makes rows share keys in pairs in any slot order (what a union walk
+    /// is for; neighbouring rows of a real indexer's top-k): each odd row
+    /// takes the ids of the row before it (as [`Problem::pair_rows`])
+    /// shuffled over its slots, each slot with probability `keep` (the
+    /// others keep their own id), with probability `share` per odd row.
+    pub fn share_rows(&mut self, rng: &mut impl Rng, share: f64, keep: f64) {
+        let topk = self.shape.topk;
+        for r in self.partner_rows(rng, share) {
+            let (prev, row) = ((r - 1) * topk, r * topk);
+            let order = rand::seq::index::sample(rng, topk, topk);
+            for (t, from) in order.into_iter().enumerate() {
+                if rng.random_bool(keep) {
+                    self.ids[row + t] = self.ids[prev + from];
+                    self.valid[row + t] = self.valid[prev + from];
+                }
             }
         }
     }

@@ -233,6 +233,50 @@ fn gpu_fast_path_on_paired_rows_matches_reference() {
     }
 }
 
+/// 40 cases of the paired kernel over unions (`Unions::Always`: the union
+/// kernel, then the paired kernel walking each pair's union list) against
+/// the CPU reference: H = 64, D = 128, even rows (pairs across batch
+/// boundaries with odd S_q), topk 65-2048, rows that share keys in any
+/// slot order (`Problem::share_rows`: none, half of them, or nearly all
+/// of them, with or without duplicates and short rows), so that lists mix
+/// shared, first-only and second-only entries, whole fused chunks and
+/// mixed ones. Same checks as every suite (tolerances, both paddings bit
+/// for bit, i64 ids bit for bit).
+#[test]
+fn gpu_fast_path_over_unions_matches_reference() {
+    let cases = (
+        case_with(
+            vec![64],
+            vec![128],
+            1..=40,
+            1..=3000,
+            65..=2048,
+            SCALES.to_vec(),
+        ),
+        prop::sample::select(vec![0.0f64, 0.5, 1.0]),
+        prop::sample::select(vec![0.5f64, 0.97, 1.0]),
+    )
+        .prop_map(
+            |((mut shape, mut opts, seed, dups, short, trailing), share, keep)| {
+                if shape.rows() % 2 == 1 {
+                    shape.seq_q += 1;
+                }
+                opts.unions = dsa_indexer_bwd::Unions::Always;
+                ((shape, opts, seed, dups, short, trailing), (share, keep))
+            },
+        );
+    let ran = run_cases_with(
+        "gpu_fast_path_over_unions_matches_reference",
+        cases,
+        40,
+        Values::Grid,
+        |p, rng, (share, keep)| p.share_rows(rng, share, keep),
+    );
+    if ran {
+        println!("40 cases over unions");
+    }
+}
+
 /// The D = 64 shapes below run their D = 64 wgmma kernel on Hopper (the
 /// D = 64 stage 1, no paired kernel), whatever the row count.
 fn assert_d64_fast_path(shape: Shape) {

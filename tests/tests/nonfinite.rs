@@ -21,6 +21,9 @@ struct Config {
     shape: Shape,
     opts: Options,
     paired: bool,
+    /// Rows 2i + 1 take most of the keys of rows 2i in another slot order
+    /// (`Problem::share_rows`: union walks share them).
+    shared: bool,
 }
 
 /// Small shapes for the CPU-only test; on the GPU the same plus the fast
@@ -38,6 +41,7 @@ fn configs(gpu: bool) -> Vec<Config> {
                 ..Options::default()
             },
             paired: false,
+            shared: false,
         },
         Config {
             name: "row kernel, log-probs",
@@ -47,6 +51,7 @@ fn configs(gpu: bool) -> Vec<Config> {
                 ..Options::default()
             },
             paired: false,
+            shared: false,
         },
     ];
     if gpu {
@@ -56,6 +61,7 @@ fn configs(gpu: bool) -> Vec<Config> {
                 shape: shape(1, 7, 300, 64, 128, 130),
                 opts: Options::default(),
                 paired: false,
+                shared: false,
             },
             Config {
                 name: "fast path, paired kernel, log-probs, bf16 dK",
@@ -66,6 +72,18 @@ fn configs(gpu: bool) -> Vec<Config> {
                     ..Options::default()
                 },
                 paired: true,
+                shared: false,
+            },
+            Config {
+                name: "fast path over unions (rows sharing keys out of order), f32 dW",
+                shape: shape(2, 6, 300, 64, 128, 200),
+                opts: Options {
+                    d_weights: GradDtype::F32,
+                    unions: dsa_indexer_bwd::Unions::Always,
+                    ..Options::default()
+                },
+                paired: false,
+                shared: true,
             },
             Config {
                 name: "fast path with the chunk skip (topk >= 512)",
@@ -75,6 +93,7 @@ fn configs(gpu: bool) -> Vec<Config> {
                     ..Options::default()
                 },
                 paired: false,
+                shared: false,
             },
         ]);
     }
@@ -94,6 +113,9 @@ fn problem(c: &Config, seed: u64) -> (Problem, rand::rngs::StdRng) {
     let mut p = Problem::random(&mut rng, c.shape, c.opts, g);
     if c.paired {
         p.pair_rows(&mut rng, 1.0, 0);
+    }
+    if c.shared {
+        p.share_rows(&mut rng, 1.0, 0.7);
     }
     (p, rng)
 }

@@ -4,7 +4,7 @@
 use dsa_indexer_bwd::{GradDtype, KeyIds, Options, StageTimes};
 use indexer_tests::report::{
     ceilings_json, markdown, paired_kernel_computes, parse_json_lines, plot, point_json, Ceilings,
-    IdStats, Point, Workload, HEADLINE,
+    Computes, IdStats, Point, Workload, HEADLINE,
 };
 use indexer_tests::shape;
 
@@ -353,8 +353,8 @@ fn reductions_per_slot_halve_only_shared_slots_of_the_paired_kernel() {
     let s = shape(1, 4, 8, 1, 8, 2);
     let st = count(&s, false, &[0, 1, 0, 2, 3, 4, 3, 4]);
     assert_eq!((st.pair_aligned, st.pair_shared), (0.75, 0.375), "{st:?}");
-    assert_eq!(st.reductions_per_slot(true), 0.625);
-    assert_eq!(st.reductions_per_slot(false), 1.0);
+    assert_eq!(st.reductions_per_slot(Computes::Paired), 0.625);
+    assert_eq!(st.reductions_per_slot(Computes::Rows), 1.0);
     // S_q = 3, B = 2: the kernel pairs flattened rows (0, 1), (2, 3),
     // (4, 5), across the batch boundary; within a batch nothing aligns.
     let s = shape(2, 3, 8, 1, 8, 1);
@@ -376,7 +376,11 @@ fn reductions_per_slot_halve_only_shared_slots_of_the_paired_kernel() {
     assert!(!paired_kernel_computes(&[WG_KERNEL], &s, &twins));
     let st = count(&s, false, &twins);
     assert_eq!(st.pair_shared, 0.5);
-    assert_eq!(st.reductions_per_slot(true), 0.5);
+    assert_eq!(st.reductions_per_slot(Computes::Paired), 0.5);
+    // Over unions each key of a pair is reduced once: here every pair's
+    // two rows hold the same keys.
+    assert_eq!(st.union2, 2.0);
+    assert_eq!(st.reductions_per_slot(Computes::Unions), 0.5);
     // Each row's ids shifted by one slot from its partner's: no sampled
     // slot matches, the row kernel computes, one reduction per slot.
     let shifted: Vec<i32> = (0..rows * topk)

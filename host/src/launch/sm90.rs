@@ -18,8 +18,9 @@ use super::common::{launch_stage1, Run};
 use crate::error::Result;
 use crate::gpu;
 use crate::shape::Shape;
+use crate::shape::Unions;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
-use kernels_gpu::params::{GradParams, FLAG_PAIR_DISPATCH};
+use kernels_gpu::params::{GradParams, FLAG_PAIR_DISPATCH, FLAG_UNION};
 use kernels_gpu::sm90;
 use std::sync::Arc;
 
@@ -45,6 +46,10 @@ pub(crate) struct Wgmma {
     grid: u32,
     /// The paired kernel and its grid, with an even number of rows.
     pair: Option<(CudaFunction, u32)>,
+    /// The union kernel and its grid (one CTA per row pair), when the plan
+    /// walks unions (`Unions::Always`): then stage 1, the union kernel and
+    /// the paired kernel run with `FLAG_UNION`, and no row kernel.
+    union: Option<(CudaFunction, u32)>,
 }
 
 impl Wgmma {
@@ -58,6 +63,7 @@ impl Wgmma {
         shape: &Shape,
         wg: sm90::WgRow,
         paired: bool,
+        unions: Unions,
     ) -> Result<Wgmma> {
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -67,6 +73,13 @@ impl Wgmma {
             let f = module.load_function(sm90::WG_PAIR_KERNEL)?;
             gpu::set_dynamic_smem(&f, sm90::PAIR.bytes)?;
             Some((f, sm90::pair_grid(rows, sms)))
+        } else {
+            None
+        };
+        let union = if unions == Unions::Always && pair.is_some() {
+            let f = module.load_function(sm90::UNION_KERNEL)?;
+            gpu::set_dynamic_smem(&f, sm90::UNION_SMEM)?;
+            Some((f, rows / 2))
         } else {
             None
         };
@@ -80,6 +93,7 @@ impl Wgmma {
             row_smem: wg.bytes,
             grid: wg.grid(rows, sms),
             pair,
+            union,
         })
     }
 
@@ -95,7 +109,36 @@ impl Wgmma {
         unsafe {
             launch_stage1(run.stream, &self.stage1, run.shape, &run.params)?;
             run.mark(|e| &e.zeroed)?;
-            self.launch_stage2(run.stream, run.params)?;
+            match (&self.union, &self.pair) {
+                (Some((union_fn, grid)), Some((pair_fn, pair_grid))) => {
+                    let mut p = run.params;
+                    p.flags |= FLAG_UNION;
+                    // SAFETY: one CTA of UNION_THREADS per row pair,
+                    // UNION_SMEM bytes (limit raised in `new`), the shape's
+                    // checks (`sm90::supports_unions`, an even row count);
+                    // it is stage 1's programmatic dependent and waits for
+                    // it before it exits. Then the paired kernel on its
+                    // grid, as the union kernel's programmatic dependent: it
+                    // waits for it before it reads a list.
+                    gpu::launch_pdl(
+                        run.stream,
+                        union_fn,
+                        *grid,
+                        sm90::UNION_THREADS,
+                        sm90::UNION_SMEM,
+                        &p,
+                    )?;
+                    gpu::launch_pdl(
+                        run.stream,
+                        pair_fn,
+                        *pair_grid,
+                        sm90::PAIR.threads,
+                        sm90::PAIR.bytes,
+                        &p,
+                    )?;
+                }
+                _ => self.launch_stage2(run.stream, run.params)?,
+            }
         }
         run.mark(|e| &e.gradients)
     }

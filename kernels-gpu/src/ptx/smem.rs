@@ -69,6 +69,36 @@ pub unsafe fn st_u32(a: SmemAddr, v: u32) {
     }
 }
 
+/// `atom.shared.cas.b32`: writes `new` where the word holds `cmp`;
+/// returns the word as it was.
+///
+/// # Safety
+/// `a` must be 4-byte aligned and inside the launch's dynamic shared memory.
+#[inline(always)]
+pub unsafe fn atom_cas_u32(a: SmemAddr, cmp: u32, new: u32) -> u32 {
+    let r: u32;
+    // SAFETY: the caller guarantees an aligned in-bounds address; the
+    // atomic makes concurrent access defined.
+    unsafe {
+        asm!("atom.shared.cas.b32 {r}, [{a}], {c}, {n};", r = out(reg32) r, a = in(reg32) a.0,
+             c = in(reg32) cmp, n = in(reg32) new, options(nostack))
+    }
+    r
+}
+
+/// `red.shared.min.u32`: the word becomes the smaller of itself and `v`.
+///
+/// # Safety
+/// As [`atom_cas_u32`].
+#[inline(always)]
+pub unsafe fn red_min_u32(a: SmemAddr, v: u32) {
+    // SAFETY: as `atom_cas_u32`.
+    unsafe {
+        asm!("red.shared.min.u32 [{a}], {v};", a = in(reg32) a.0, v = in(reg32) v,
+             options(nostack))
+    }
+}
+
 /// `st.shared.v4.b32`: 16 bytes.
 ///
 /// # Safety

@@ -111,6 +111,34 @@ pub unsafe fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
     r
 }
 
+/// Inclusive prefix sum of `v` over the lanes (lane `l` gets the sum of
+/// lanes `0..=l`), by `shfl.sync.up.b32` steps.
+///
+/// # Safety
+/// All 32 lanes of the warp must call it.
+#[inline(always)]
+pub unsafe fn warp_scan_u32(mut v: u32) -> u32 {
+    let lane = crate::ptx::sreg::thread_idx_x() % 32;
+    let mut d = 1;
+    while d < 32 {
+        let r: u32;
+        // SAFETY: full-warp participation is guaranteed by the caller. Not
+        // `pure`, for the reason given at `shfl_xor_f32`.
+        unsafe {
+            asm!(
+                "shfl.sync.up.b32 {r}, {v}, {d}, 0, 0xffffffff;",
+                r = out(reg32) r,
+                v = in(reg32) v,
+                d = in(reg32) d,
+                options(nomem, nostack),
+            )
+        }
+        v += if lane >= d { r } else { 0 };
+        d <<= 1;
+    }
+    v
+}
+
 /// Sum of `v` over the 32 lanes by a fixed butterfly, so the result is
 /// bitwise the same on every run; every lane gets the sum.
 ///

@@ -71,14 +71,14 @@ use dsa_indexer_bwd::cudarc::driver::{
 use dsa_indexer_bwd::dense::{self, cpu::HostInputs, Layout};
 use dsa_indexer_bwd::oneshot::HostResult;
 use dsa_indexer_bwd::{
-    gpu, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents, StageTimes,
+    gpu, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents, StageTimes, Unions,
 };
 use indexer_tests::dense::{DenseDevice, DenseProblem};
 use indexer_tests::dense_io::{read_dense_case, serialize_dense_outputs, DenseCase};
 use indexer_tests::io::{check_ids, read_case, serialize_outputs, OutFile, Res};
 use indexer_tests::report::{
-    ceilings_json, dk_name, json_num, markdown, paired_kernel_computes, parse_json_lines, plot,
-    point_json, Ceilings, IdStats, Point, Workload,
+    ceilings_json, dk_name, json_num, markdown, parse_json_lines, plot, point_json, which_computes,
+    Ceilings, IdStats, Point, Workload,
 };
 use indexer_tests::{grad_vec, DeviceProblem, Gen, Padding, Problem, Values};
 use kernels_gpu::params::*;
@@ -147,6 +147,9 @@ struct Cli {
     /// Timed runs per point (median, min, p90).
     #[arg(long, default_value_t = 30)]
     runs: usize,
+    /// Union walks of the Hopper fast path (`Options::unions`).
+    #[arg(long, value_enum, default_value = "auto")]
+    unions: UnionsArg,
     /// Untimed runs before them.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
@@ -220,6 +223,23 @@ impl IdKind {
             IdKind::Uniform => "uniform",
             IdKind::Ragged => "ragged",
             IdKind::Topk => "topk",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum UnionsArg {
+    Auto,
+    Always,
+    Never,
+}
+
+impl From<UnionsArg> for Unions {
+    fn from(u: UnionsArg) -> Unions {
+        match u {
+            UnionsArg::Auto => Unions::Auto,
+            UnionsArg::Always => Unions::Always,
+            UnionsArg::Never => Unions::Never,
         }
     }
 }
@@ -893,11 +913,12 @@ fn run_workload(cli: &Cli) -> Res<()> {
             );
             let opts = Options {
                 d_index_k: dk,
+                unions: cli.unions.into(),
                 ..Options::default()
             };
             p.opts = opts;
             let plan = Plan::new(&ctx, shape, opts).map_err(|e| format!("plan: {e}"))?;
-            let paired = paired_kernel_computes(plan.kernels(), &shape, &p.ids);
+            let computes = which_computes(plan.kernels(), &p);
             let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
             let t = time_execute(&ctx, &stream, &plan, &mut d, &p, cli.warmup, runs)?;
             let secs = t.stages.total_us * 1e-6;
@@ -919,7 +940,7 @@ fn run_workload(cli: &Cli) -> Res<()> {
                 binding: if t_mma > t_sc { "mma" } else { "dK scatter" },
                 traffic_us: valid / ceil.slots_both * 1e6,
                 stats,
-                reductions_per_slot: stats.reductions_per_slot(paired),
+                reductions_per_slot: stats.reductions_per_slot(computes),
             });
         }
     }
@@ -1061,7 +1082,7 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
         loss_coeff,
     };
     let plan = Plan::new(&ctx, shape, opts).map_err(|e| format!("{inp}: plan: {e}"))?;
-    let paired = paired_kernel_computes(plan.kernels(), &shape, &p.ids);
+    let computes = which_computes(plan.kernels(), &p);
     let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
     let runs = cli.runs.max(1);
     let t = time_execute(&ctx, &stream, &plan, &mut d, &p, cli.warmup, runs)
@@ -1100,7 +1121,7 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
         "union3": json_num(stats.union3, 4).parse::<f64>().ok(),
         "union4": json_num(stats.union4, 4).parse::<f64>().ok(),
         "union8": json_num(stats.union8, 4).parse::<f64>().ok(),
-        "reductions_per_slot": json_num(stats.reductions_per_slot(paired), 4).parse::<f64>().ok(),
+        "reductions_per_slot": json_num(stats.reductions_per_slot(computes), 4).parse::<f64>().ok(),
         "dk_gbs": round1(stats.valid_slots * shape.head_dim as f64 * 4.0 / (t.stages.total_us * 1e-6) / 1e9),
     })
     .to_string();

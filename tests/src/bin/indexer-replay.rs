@@ -167,6 +167,7 @@ fn replay(cli: &Cli) -> Res<()> {
             BackendArg::Hopper => Backend::Hopper,
             BackendArg::Blackwell => Backend::Blackwell,
         },
+        ..Options::default()
     };
     println!(
         "{}",
