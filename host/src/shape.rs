@@ -221,7 +221,7 @@ pub struct Options {
 ///
 /// Measured on the H200 it is slower than the default kernels, even on
 /// ids whose neighbouring rows share nearly all keys (the top-k of
-/// structured scores, topk 2048: 2895 against 2796 us; docs/perf-notes.md,
+/// structured scores, topk 2048: 2843 against 2805 us; docs/perf-notes.md,
 /// "A union kernel of two rows"), so no automatic choice takes it; it is
 /// here to be measured and built on. Its results meet the same tolerances
 /// and are bitwise reproducible run to run, but not bitwise equal to the

@@ -97,8 +97,8 @@ impl Wgmma {
         })
     }
 
-    /// Stage 1 (`zeroed` mark), then the paired kernel when there is one,
-    /// then the row kernel (`gradients` mark).
+    /// Stage 1 (`zeroed` mark), then the union kernel when the plan walks
+    /// unions, then the wgmma kernels (`launch_stage2`; `gradients` mark).
     ///
     /// # Safety
     /// `run.params` passed `args::check` for this plan's shape.
@@ -109,42 +109,32 @@ impl Wgmma {
         unsafe {
             launch_stage1(run.stream, &self.stage1, run.shape, &run.params)?;
             run.mark(|e| &e.zeroed)?;
-            match (&self.union, &self.pair) {
-                (Some((union_fn, grid)), Some((pair_fn, pair_grid))) => {
-                    let mut p = run.params;
-                    p.flags |= FLAG_UNION;
-                    // SAFETY: one CTA of UNION_THREADS per row pair,
-                    // UNION_SMEM bytes (limit raised in `new`), the shape's
-                    // checks (`sm90::supports_unions`, an even row count);
-                    // it is stage 1's programmatic dependent and waits for
-                    // it before it exits. Then the paired kernel on its
-                    // grid, as the union kernel's programmatic dependent: it
-                    // waits for it before it reads a list.
-                    gpu::launch_pdl(
-                        run.stream,
-                        union_fn,
-                        *grid,
-                        sm90::UNION_THREADS,
-                        sm90::UNION_SMEM,
-                        &p,
-                    )?;
-                    gpu::launch_pdl(
-                        run.stream,
-                        pair_fn,
-                        *pair_grid,
-                        sm90::PAIR.threads,
-                        sm90::PAIR.bytes,
-                        &p,
-                    )?;
-                }
-                _ => self.launch_stage2(run.stream, run.params)?,
+            let mut p = run.params;
+            if let Some((union_fn, grid)) = &self.union {
+                p.flags |= FLAG_UNION;
+                // SAFETY: one CTA of UNION_THREADS per row pair, UNION_SMEM
+                // bytes (limit raised in `new`), the shape's checks
+                // (`sm90::supports_unions`, an even row count); it is stage
+                // 1's programmatic dependent and waits for it before it
+                // exits, so the paired kernel's wait covers both.
+                gpu::launch_pdl(
+                    run.stream,
+                    union_fn,
+                    *grid,
+                    sm90::UNION_THREADS,
+                    sm90::UNION_SMEM,
+                    &p,
+                )?;
             }
+            self.launch_stage2(run.stream, p)?;
         }
         run.mark(|e| &e.gradients)
     }
 
     /// The wgmma kernels alone, as programmatic dependents of the stage 1
-    /// launched just before on `stream` (this path's, or dense mode's).
+    /// launched just before on `stream` (this path's, or dense mode's), or
+    /// with `FLAG_UNION` in `p` of the union kernel: then the paired kernel
+    /// alone, which computes over the unions.
     ///
     /// # Safety
     /// `p` holds checked addresses for this plan's shape, and the previous
@@ -171,6 +161,9 @@ impl Wgmma {
                     sm90::PAIR.bytes,
                     &p,
                 )?;
+                if p.flags & FLAG_UNION != 0 {
+                    return Ok(());
+                }
                 // Tells the row kernel that the paired kernel ran: it
                 // repeats the dispatch test and exits at once where the
                 // paired kernel computes.
