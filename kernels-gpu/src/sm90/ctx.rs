@@ -345,6 +345,12 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
             .then(|| (self.row_of(at.k) * self.topk + t) as usize)
     }
 
+    /// This thread's 8-byte slot of raw-id set `set` (an i64 id, or a
+    /// union entry; i32 ids use the first half of the set instead).
+    pub fn raw_slot(&self, set: u32) -> SmemAddr {
+        self.sids0.add(8 * (set * CHUNK + self.tid))
+    }
+
     /// Union entry of item `at` for thread `tid` (threads < CHUNK; with
     /// [`Ctx::union`]): its index in the flat array of all pairs' lists
     /// ([`UNION_ENTRIES`] per pair), or `None` past the CTA's rows.

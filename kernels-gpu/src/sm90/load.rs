@@ -84,7 +84,7 @@ pub(super) fn put_row<const PAIRED: bool, const HALF: u32>(
             let r = match c.entry_of(at) {
                 // SAFETY: this thread's own copy of the entry (`fetch`,
                 // waited for) or store (`first_id`); read only.
-                Some(_) => unsafe { entry_row(c.sids0.add(8 * (set * CHUNK + tid)), HALF) },
+                Some(_) => unsafe { entry_row(c.raw_slot(set), HALF) },
                 None => -1,
             };
             // SAFETY: as below.
@@ -123,7 +123,7 @@ pub(super) fn first_id<const PAIRED: bool, const HALF: u32>(
             // prologue); this thread's own raw-id slot, whose readers
             // passed a barrier.
             unsafe {
-                let dst = c.sids0.add(8 * (set * CHUNK + c.tid));
+                let dst = c.raw_slot(set);
                 smem::st_u32(dst, *src);
                 smem::st_u32(dst.add(4), *src.add(1));
             }
@@ -167,7 +167,7 @@ pub(super) fn raw_id<const PAIRED: bool, const HALF: u32>(
     // after its wait_all (pipeline note); 8-byte slots for i64 ids.
     c.slot_of(at).map(|_| unsafe {
         if c.wide {
-            narrow_id_words(smem::ld_v2_u32(c.sids0.add(8 * (set * CHUNK + tid))))
+            narrow_id_words(smem::ld_v2_u32(c.raw_slot(set)))
         } else {
             smem::ld_u32(c.sids0.add(4 * (set * CHUNK + tid))) as i32
         }
@@ -211,7 +211,7 @@ pub(super) fn fetch<const PAIRED: bool, const HALF: u32>(
         unsafe {
             if c.wide {
                 let (si, ni) = src(p.topk_indices, at_id, 8);
-                cp_async::copy_8(c.sids0.add(8 * (id_set * CHUNK + tid)), si, ni);
+                cp_async::copy_8(c.raw_slot(id_set), si, ni);
             } else {
                 let (si, ni) = src(p.topk_indices, at_id, 4);
                 cp_async::copy_4(c.sids0.add(4 * (id_set * CHUNK + tid)), si, ni);
@@ -246,7 +246,7 @@ unsafe fn fetch_union<const PAIRED: bool, const HALF: u32>(
     let (sg, ng) = match c.entry_of(at_gs) {
         Some(_) => {
             // SAFETY: the caller's contract; this thread's own slot.
-            let slots = unsafe { smem::ld_u32(c.sids0.add(8 * (gs_set * CHUNK + tid) + 4)) };
+            let slots = unsafe { smem::ld_u32(c.raw_slot(gs_set).add(4)) };
             let s = (slots >> (16 * HALF)) & 0xFFFF;
             if s == UNION_NONE {
                 (scores, 0)
@@ -262,7 +262,7 @@ unsafe fn fetch_union<const PAIRED: bool, const HALF: u32>(
         Some(e) => (ids.wrapping_add(UNION_ENTRY_BYTES as usize * e), 4),
         None => (ids, 0),
     };
-    let id_dst = c.sids0.add(8 * (id_set * CHUNK + tid));
+    let id_dst = c.raw_slot(id_set);
     // SAFETY: a slot s < topk of this half's row (the union kernel wrote
     // only such slots) inside attn_score, read after griddepcontrol.wait;
     // the entry inside d_index_q (`entry_of`; 4-byte aligned words), or 0
