@@ -151,6 +151,23 @@ pub enum Error {
         /// What is missing.
         what: &'static str,
     },
+    /// The kernel module could not be loaded on the GPU: neither the machine
+    /// code shipped for it (where there is some) nor the PTX, which needs a
+    /// driver that knows its PTX ISA version (CUDA 12.9 or newer for the
+    /// Blackwell module, 12.1 for the others).
+    #[error(
+        "cannot load the kernels on {gpu} (compute capability {major}.{minor}); tried {tried}"
+    )]
+    ModuleLoad {
+        /// The GPU's name as the driver reports it.
+        gpu: String,
+        /// Major compute capability.
+        major: i32,
+        /// Minor compute capability.
+        minor: i32,
+        /// Each image tried (target and kind) with the driver's error.
+        tried: String,
+    },
     /// The PTX override (`INDEXER_PTX_DIR`, bring-up and debugging only)
     /// could not be read.
     #[error("{path}: {reason} (PTX override, INDEXER_PTX_DIR)")]

@@ -91,18 +91,29 @@ impl PtxModule {
         self == PtxModule::Sm100f
     }
 
-    /// Loads the module into `ctx` (the driver JIT-compiles it for the GPU).
-    ///
-    /// With the environment variable [`PTX_DIR_ENV`] set, the text is read
-    /// from `$INDEXER_PTX_DIR/kernels_<target>.ptx` instead of the embedded
-    /// copy (bring-up and debugging: the GPU bundle's watchdog build lives
-    /// in `ptx-watchdog/`); a module that holds the watchdog's
-    /// configuration is then armed ([`crate::watchdog::arm`]).
-    pub fn load(self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
+    /// The shipped machine code of this module for a GPU of compute
+    /// capability `major.minor`, with its GPU target, or `None` where the
+    /// driver must JIT-compile the PTX. Architecture-specific (`a`) code
+    /// runs on its exact capability only; `sm_120` code on every 12.x GPU.
+    pub fn sass(self, major: i32, minor: i32) -> Option<(&'static str, &'static [u8])> {
+        match (self, major, minor) {
+            (PtxModule::Sm90a, 9, 0) => Some(("sm_90a", kernels_gpu::SASS_SM90A)),
+            (PtxModule::Sm100f, 10, 0) => Some(("sm_100a", kernels_gpu::SASS_SM100A)),
+            (PtxModule::Sm100f, 10, 3) => Some(("sm_103a", kernels_gpu::SASS_SM103A)),
+            (PtxModule::Portable, 12, _) => Some(("sm_120", kernels_gpu::SASS_SM120)),
+            _ => None,
+        }
+    }
+
+    /// The module read from the override folder [`PTX_DIR_ENV`], when that
+    /// variable is set: `$INDEXER_PTX_DIR/kernels_<target>.ptx` replaces the
+    /// embedded code (bring-up and debugging: the GPU bundle's watchdog
+    /// build lives in `ptx-watchdog/`; the bundle's `ptx/` forces the JIT
+    /// path). A module that holds the watchdog's configuration is then
+    /// armed ([`crate::watchdog::arm`]).
+    pub(crate) fn load_override(self, ctx: &Arc<CudaContext>) -> Result<Option<Arc<CudaModule>>> {
         let Some(dir) = std::env::var_os(PTX_DIR_ENV) else {
-            // The embedded PTX has no watchdog: nothing to arm (and no
-            // failed symbol lookup for a sanitizer to report).
-            return Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_src(self.ptx()))?);
+            return Ok(None);
         };
         let path = std::path::Path::new(&dir).join(format!("kernels_{}.ptx", self.target()));
         let text = std::fs::read_to_string(&path).map_err(|e| Error::PtxOverride {
@@ -114,19 +125,23 @@ impl PtxModule {
         if watchdog {
             crate::watchdog::arm(ctx, &module)?;
         }
-        Ok(module)
+        Ok(Some(module))
     }
 }
 
 /// Environment variable naming a folder of PTX files that replace the
-/// embedded ones (`kernels_<target>.ptx`); for bring-up and debugging.
+/// embedded PTX and machine code (`kernels_<target>.ptx`); for bring-up and
+/// debugging.
 pub const PTX_DIR_ENV: &str = "INDEXER_PTX_DIR";
 
-/// Loads the PTX module matching the context's GPU
-/// ([`PtxModule::for_capability`]).
+/// The kernel module matching the context's GPU
+/// ([`PtxModule::for_capability`]): the one the context's plans share
+/// (loaded now when none holds it), as machine code where the crate ships
+/// it for the GPU. For instruments that launch kernels outside a plan.
 pub fn load_module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
     let (major, minor) = ctx.compute_capability()?;
-    PtxModule::for_capability(major, minor)?.load(ctx)
+    let which = PtxModule::for_capability(major, minor)?;
+    Ok(crate::modules::get(ctx, which)?.module())
 }
 
 /// Raises a kernel's dynamic shared-memory limit to `bytes`.
@@ -273,6 +288,62 @@ mod tests {
         // Family PTX needs PTX ISA 8.8 (ptxas rejects `.target sm_100f`
         // below it); the driver must know that version to JIT it.
         assert!(PTX_SM100F.contains("\n.version 8.8\n"));
+    }
+
+    #[test]
+    fn machine_code_is_chosen_by_exact_capability() {
+        let sass = |m: PtxModule, cc: (i32, i32)| m.sass(cc.0, cc.1).map(|(t, _)| t);
+        for (cc, want) in [
+            ((9, 0), Some("sm_90a")),
+            ((10, 0), Some("sm_100a")),
+            ((10, 3), Some("sm_103a")),
+            ((12, 0), Some("sm_120")),
+            ((12, 1), Some("sm_120")),
+            ((11, 0), None),
+            ((13, 0), None),
+        ] {
+            let m = PtxModule::for_capability(cc.0, cc.1).unwrap();
+            assert_eq!(sass(m, cc), want, "{cc:?}");
+        }
+        // Architecture-specific code never loads on another capability.
+        assert_eq!(sass(PtxModule::Sm90a, (9, 1)), None);
+        assert_eq!(sass(PtxModule::Sm100f, (10, 1)), None);
+    }
+
+    /// Each shipped cubin is a CUDA ELF of its target's architecture that
+    /// holds every kernel of the PTX it was assembled from (the build's
+    /// stale check proves it is that PTX's current machine code).
+    #[test]
+    fn machine_code_holds_every_kernel_of_its_ptx() {
+        for (m, cc, sm) in [
+            (PtxModule::Sm90a, (9, 0), 90),
+            (PtxModule::Sm100f, (10, 0), 100),
+            (PtxModule::Sm100f, (10, 3), 103),
+            (PtxModule::Portable, (12, 0), 120),
+        ] {
+            let (target, code) = m.sass(cc.0, cc.1).unwrap();
+            assert_eq!(&code[..4], b"\x7fELF", "{target}");
+            // e_machine (bytes 18-19, little-endian) is EM_CUDA.
+            assert_eq!(u16::from_le_bytes([code[18], code[19]]), 190, "{target}");
+            // The SM version is in the ELF flags (e_flags, bytes 48-51 of
+            // a 64-bit header): bits 8-15 for cubins of these versions.
+            let flags = u32::from_le_bytes([code[48], code[49], code[50], code[51]]);
+            assert_eq!((flags >> 8) & 0xff, sm, "{target}: e_flags {flags:#x}");
+            let entries: Vec<&str> = m
+                .ptx()
+                .lines()
+                .filter_map(|l| l.strip_prefix(".visible .entry "))
+                .map(|l| l.split('(').next().unwrap())
+                .collect();
+            assert!(!entries.is_empty(), "{target}");
+            for e in entries {
+                let name = format!("\0{e}\0");
+                assert!(
+                    code.windows(name.len()).any(|w| w == name.as_bytes()),
+                    "{target} lacks {e}"
+                );
+            }
+        }
     }
 
     #[test]

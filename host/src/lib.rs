@@ -10,7 +10,8 @@
 //!
 //! - [`Plan`]: built once for a [`Shape`] and [`Options`] on a CUDA context;
 //!   [`Plan::execute`] validates everything, then runs on the caller's
-//!   stream (GPU kernels written in Rust, PTX embedded in this crate).
+//!   stream (GPU kernels written in Rust, embedded in this crate as PTX and
+//!   as machine code; one module per context, shared by every plan).
 //! - [`cpu`]: a multi-threaded f64 implementation of the same math: the test
 //!   oracle, and [`cpu::execute`], the fallback where no GPU is present.
 //! - [`dense`]: dense mode (the warm-up stage: every causal key, raw
@@ -19,7 +20,8 @@
 //!
 //! Runs on: NVIDIA GPUs of compute capability 9.0 or newer, tested on an
 //! H200 (sm_90). Other GPUs load the `sm_100f` module (10.0, 10.3) or the
-//! portable `sm_90` module (any other, JIT-compiled by the driver) and run
+//! portable `sm_90` module (any other; machine code on 12.x, JIT-compiled by
+//! the driver elsewhere) and run
 //! the `mma.sync` row kernels ([`select()`] has the table). The Blackwell
 //! path (sm_100/sm_103, tcgen05 kernels) is compiled and assembled for
 //! `sm_100f`, not executed (no such GPU available): [`Backend::Auto`] never
@@ -74,6 +76,7 @@ mod error;
 mod events;
 pub mod gpu;
 mod launch;
+mod modules;
 pub mod oneshot;
 mod plan;
 mod raw;
@@ -87,6 +90,7 @@ pub use error::{Error, Result};
 pub use events::{StageEvents, StageTimes};
 pub use gpu::cuda_device_count;
 pub use half::bf16;
+pub use modules::{loaded_modules, ModuleImage};
 pub use plan::Plan;
 pub use raw::RawBuffers;
 pub use select::{select, select_backend, Selection, TCGEN05_VALIDATED};

@@ -24,14 +24,23 @@ pub struct Plan {
     cast: Cast,
     /// Names of the kernels `execute` launches, in order.
     kernels: Vec<&'static str>,
+    /// The module the kernels come from, shared with every plan on the
+    /// context (`modules`).
+    module: Arc<crate::modules::Loaded>,
 }
 
 impl Plan {
-    /// Builds a plan: checks the shape envelope and options, loads the PTX
-    /// module for the context's GPU (by exact compute capability: `sm_90a`
-    /// on 9.0, `sm_100f` on 10.0 and 10.3, the portable `sm_90` module on
-    /// any other GPU of compute capability 9.0 or newer) and configures the
-    /// kernels [`crate::select()`] chose.
+    /// Builds a plan: checks the shape envelope and options, takes the
+    /// kernel module for the context's GPU (by exact compute capability:
+    /// `sm_90a` on 9.0, `sm_100f` on 10.0 and 10.3, the portable `sm_90`
+    /// module on any other GPU of compute capability 9.0 or newer) and
+    /// configures the kernels [`crate::select()`] chose.
+    ///
+    /// The module is loaded once per context and shared by every plan on
+    /// it (sparse and dense), from the machine code the crate ships for the
+    /// GPU where it has some (no JIT compilation), and kept while any plan
+    /// holds it: only the first plan of a context pays the load.
+    /// [`Plan::module_image`] says what was loaded.
     ///
     /// Fails with [`crate::Error::UnsupportedDevice`] below compute
     /// capability 9.0, [`crate::Error::BackendUnavailable`] when
@@ -47,7 +56,7 @@ impl Plan {
         let (major, minor) = ctx.compute_capability()?;
         let sel = select(major, minor, &shape, opts.backend)?;
         let kind = PathKind::choose(&sel, &shape, opts.unions)?;
-        let module = sel.module.load(ctx)?;
+        let module = crate::modules::get(ctx, sel.module)?;
         let path = Path::new(ctx, &module, kind, &shape, (major, minor))?;
         let cast = Cast::new(&module)?;
         Ok(Plan {
@@ -57,6 +66,7 @@ impl Plan {
             path,
             cast,
             kernels: kind.kernels(opts.d_index_k),
+            module,
         })
     }
 
@@ -75,6 +85,12 @@ impl Plan {
     /// not executed, and only when forced: see [`crate::TCGEN05_VALIDATED`]).
     pub fn backend(&self) -> Backend {
         self.path.backend()
+    }
+
+    /// What the plan's kernel module was loaded from: the shipped machine
+    /// code of the GPU, or PTX the driver JIT-compiled.
+    pub fn module_image(&self) -> crate::ModuleImage {
+        self.module.image()
     }
 
     /// The plan's shape.

@@ -8,7 +8,9 @@
 //!   kernels' names, launch bounds and targets ([`registry`]) and the
 //!   shared-memory budgets instead of repeating them ([`params`] re-exports
 //!   the names the host has always used), and the committed PTX texts
-//!   ([`PTX_SM90A`], [`PTX_SM100F`], [`PTX_SM90`]) that the host embeds.
+//!   ([`PTX_SM90A`], [`PTX_SM100F`], [`PTX_SM90`]) with the machine code
+//!   assembled from them ([`SASS_SM90A`], [`SASS_SM100A`], [`SASS_SM103A`],
+//!   [`SASS_SM120`]) that the host embeds.
 //!
 //! Raw `asm!` lives only in `ptx` (device builds only).
 #![no_std]
@@ -90,6 +92,24 @@ pub const PTX_SM100F: &str = include_str!("../ptx/kernels_sm_100f.ptx");
 /// The committed portable PTX (`sm_90`, no architecture-specific features).
 #[cfg(not(target_arch = "nvptx64"))]
 pub const PTX_SM90: &str = include_str!("../ptx/kernels_sm_90.ptx");
+
+/// Machine code (a cubin) of [`PTX_SM90A`] for `sm_90a`, assembled by the
+/// pinned `ptxas` in `cargo xtask build-ptx`: loads on compute capability
+/// 9.0 only, with no JIT compilation.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const SASS_SM90A: &[u8] = include_bytes!("../sass/kernels_sm_90a.cubin");
+/// Machine code of [`PTX_SM100F`] for `sm_100a` (compute capability 10.0;
+/// compiled, not executed).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const SASS_SM100A: &[u8] = include_bytes!("../sass/kernels_sm_100a.cubin");
+/// Machine code of [`PTX_SM100F`] for `sm_103a` (compute capability 10.3;
+/// compiled, not executed).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const SASS_SM103A: &[u8] = include_bytes!("../sass/kernels_sm_103a.cubin");
+/// Machine code of [`PTX_SM90`] for `sm_120`, which every GPU of compute
+/// capability 12.x runs (compiled, not executed).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const SASS_SM120: &[u8] = include_bytes!("../sass/kernels_sm_120.cubin");
 
 /// Device panics cannot unwind: trap, which fails the launch with an error the
 /// host sees at the next synchronisation.

@@ -47,8 +47,11 @@ else:
     IndexerGrads = None
     DenseGrads = None
 
+from ._cache import PLAN_CACHE_CAPACITY  # noqa: E402
+
 __all__ = [
     "DenseGrads",
+    "PLAN_CACHE_CAPACITY",
     "IndexerGrads",
     "clear_plan_cache",
     "cuda_device_count",

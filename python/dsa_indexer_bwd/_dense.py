@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from . import _checks, _native
-from ._torch import _DTYPES, _plans, _plans_lock
+from ._torch import _DTYPES, _plans
 
 
 class DenseGrads(NamedTuple):
@@ -26,17 +26,15 @@ class DenseGrads(NamedTuple):
 
 def _dense_plan(device, dims, opts):
     """The cached native dense plan for (device ordinal, dims, options)."""
-    key = ("dense", device, dims, opts)
-    plan = _plans.get(key)
-    if plan is None:
+
+    def build():
         sm_scale, dk, dw = opts
-        plan = _native.DensePlan(
+        return _native.DensePlan(
             device, dims.heads, dims.head_dim, sm_scale=sm_scale, d_index_k=dk, d_weights=dw,
             **dims.layout_kwargs()
         )
-        with _plans_lock:
-            plan = _plans.setdefault(key, plan)
-    return plan
+
+    return _plans.get(("dense", device, dims, opts), build)
 
 
 def dense_indexer_backward(

@@ -1,12 +1,12 @@
 """``indexer_backward`` on torch tensors: checks, output allocation, the plan
 cache, and the call into the native module (GPU) or the CPU path."""
 
-import threading
 from typing import NamedTuple
 
 import torch
 
 from . import _checks, _native
+from ._cache import PlanCache
 
 
 class IndexerGrads(NamedTuple):
@@ -24,31 +24,29 @@ class IndexerGrads(NamedTuple):
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-_plans = {}
-_plans_lock = threading.Lock()
+_plans = PlanCache()
 
 
 def _plan(device, dims, opts):
     """The cached native plan for (device ordinal, dims, options)."""
-    key = (device, tuple(dims), opts)
-    plan = _plans.get(key)
-    if plan is None:
+
+    def build():
         sm_scale, key_ids, score, dk, dw, backend = opts
-        plan = _native.Plan(device, tuple(dims), sm_scale, key_ids, score, dk, dw, backend)
-        with _plans_lock:
-            plan = _plans.setdefault(key, plan)
-    return plan
+        return _native.Plan(device, tuple(dims), sm_scale, key_ids, score, dk, dw, backend)
+
+    return _plans.get((device, tuple(dims), opts), build)
 
 
 def clear_plan_cache():
-    """Drops every cached plan (their kernels are unloaded when no call holds them)."""
-    with _plans_lock:
-        _plans.clear()
+    """Drops every cached plan (a device's kernel module is unloaded when no
+    plan and no call holds it)."""
+    _plans.clear()
 
 
 def plan_cache_size():
     """Number of cached plans (one per device, shape or dense layout, and set of
-    options used; sparse and dense plans alike)."""
+    options used; sparse and dense plans alike), at most
+    ``PLAN_CACHE_CAPACITY``: the least recently used plan is dropped first."""
     return len(_plans)
 
 

@@ -429,6 +429,43 @@ class DenseChecks(unittest.TestCase):
                 _checks.check_dense_tensors(dense_tensors(True, **over), q, k)
 
 
+class PlanCacheBound(unittest.TestCase):
+    def test_least_recently_used_goes_first(self):
+        from dsa_indexer_bwd._cache import PlanCache
+
+        built = []
+
+        def build(key):
+            def f():
+                built.append(key)
+                return ("plan", key)
+
+            return f
+
+        cache = PlanCache(capacity=3)
+        for key in [1, 2, 3]:
+            self.assertEqual(cache.get(key, build(key)), ("plan", key))
+        self.assertEqual(cache.get(1, build(1)), ("plan", 1))  # hit: 1 is now newest
+        cache.get(4, build(4))  # evicts 2, the least recently used
+        self.assertEqual(len(cache), 3)
+        cache.get(2, build(2))  # rebuilt; evicts 3
+        cache.get(1, build(1))  # still there
+        self.assertEqual(built, [1, 2, 3, 4, 2])
+
+    def test_a_varlen_loop_stays_bounded(self):
+        from dsa_indexer_bwd._cache import PLAN_CACHE_CAPACITY, PlanCache
+
+        cache = PlanCache()
+        for t in range(10 * PLAN_CACHE_CAPACITY):
+            cache.get(("dims", t), lambda: object())
+            self.assertLessEqual(len(cache), PLAN_CACHE_CAPACITY)
+        self.assertEqual(len(cache), PLAN_CACHE_CAPACITY)
+        cache.clear()
+        self.assertEqual(len(cache), 0)
+        with self.assertRaisesRegex(ValueError, "at least 1"):
+            PlanCache(capacity=0)
+
+
 class Package(unittest.TestCase):
     def test_imports_without_torch(self):
         self.assertEqual(dsa_indexer_bwd.__version__, _native.__version__)

@@ -126,7 +126,10 @@ fn copy_into(src: &Path, dir: &Path) -> Result<(), String> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs every test binary of the bundle with the GPU required, then the main
 # example; prints per-binary results and one summary line.
-# Usage: bash run.sh [--bench ARGS... | --soak ARGS... | --sanitize [TOOL...] | --blackwell]
+# Usage: bash run.sh [--bench ARGS... | --plans ARGS... | --soak ARGS... | --sanitize [TOOL...] | --blackwell]
+#   --plans: bin/indexer-plans for sparse and dense plans, each in a fresh
+#   process with the driver's JIT cache off (CUDA_CACHE_DISABLE=1): with the
+#   shipped machine code, then with the PTX (INDEXER_PTX_DIR=ptx) to compare.
 #   --soak: runs bin/indexer-soak (random shapes and options on 2-4 streams
 #   with graph replays, checked against the CPU reference; about two
 #   minutes by default) and exits with its status.
@@ -162,6 +165,16 @@ if [ "${1:-}" = "--blackwell" ]; then
   summary="bring-up: $passed passed, $skipped skipped${failed:+, stopped at $failed (failed)}; report: $report"
   echo "$summary" | tee -a "$report"
   [ -z "$failed" ]; exit $?
+fi
+if [ "${1:-}" = "--plans" ]; then
+  shift; rc=0
+  for kind in sparse dense; do
+    echo "--- $kind plans: machine code, CUDA_CACHE_DISABLE=1"
+    CUDA_CACHE_DISABLE=1 ./bin/indexer-plans --kind "$kind" "$@" || rc=1
+    echo "--- $kind plans: PTX through INDEXER_PTX_DIR (JIT), CUDA_CACHE_DISABLE=1"
+    CUDA_CACHE_DISABLE=1 INDEXER_PTX_DIR="$PWD/ptx" ./bin/indexer-plans --kind "$kind" --later 20 || rc=1
+  done
+  exit $rc
 fi
 if [ "${1:-}" = "--soak" ]; then shift; exec ./bin/indexer-soak "$@"; fi
 if [ "${1:-}" = "--sanitize" ]; then

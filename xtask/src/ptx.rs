@@ -14,38 +14,47 @@ pub struct Arch {
     pub target: &'static str,
     /// PTX ISA version feature for `llc`.
     pub ptx_feature: &'static str,
-    /// GPU targets `ptxas` assembles the file for: the devices whose driver
-    /// JIT-compiles it (each must assemble with no spills and no stack).
-    pub assemble_for: &'static [&'static str],
+    /// GPU targets whose machine code is shipped beside the PTX
+    /// (`kernels-gpu/sass/kernels_<gpu>.cubin`, embedded by the host, which
+    /// loads it on exactly that compute capability and the PTX elsewhere).
+    /// Each must assemble with no spills and no stack frame.
+    pub sass: &'static [&'static str],
+    /// GPU targets the file is also assembled for as a check only (same
+    /// gate), where the driver JIT-compiles the PTX.
+    pub check_only: &'static [&'static str],
 }
 
 /// The committed PTX files (the host picks one by exact compute
-/// capability, `host/src/gpu.rs`):
-/// - `sm_90a` (H100/H200): every Hopper kernel, wgmma included.
+/// capability, `host/src/gpu.rs`) and the machine code assembled from them:
+/// - `sm_90a` (H100/H200): every Hopper kernel, wgmma included; SASS for
+///   `sm_90a`.
 /// - `sm_100f` (the sm_100 family: B200/GB200 at 10.0, B300/GB300 at
 ///   10.3): the tcgen05 kernels and the `mma.sync` row kernels. A family
 ///   target needs PTX ISA 8.8; `ptxas` accepts `tcgen05.*` and
-///   `tile::gather4` there and compiles the file for both `sm_100` and
-///   `sm_103` (`docs/sm100-design.md`, "Targets").
+///   `tile::gather4` there and assembles the file for `sm_100a` and
+///   `sm_103a` (`docs/sm100-design.md`, "Targets"); compiled, not executed.
 /// - `sm_90` (no architecture-specific features): stage 1, the `mma.sync`
-///   row kernels and the cast, which the driver JIT-compiles on any other
-///   GPU of compute capability 9.0 or newer; assembled here for the first
-///   such targets that have no module of their own.
+///   row kernels and the cast, for any other GPU of compute capability 9.0
+///   or newer; SASS for `sm_120` (binary-compatible with every 12.x GPU),
+///   the driver JIT-compiles the PTX on the rest.
 pub const ARCHS: [Arch; 3] = [
     Arch {
         target: "sm_90a",
         ptx_feature: "+ptx81",
-        assemble_for: &["sm_90a"],
+        sass: &["sm_90a"],
+        check_only: &[],
     },
     Arch {
         target: "sm_100f",
         ptx_feature: "+ptx88",
-        assemble_for: &["sm_100", "sm_103"],
+        sass: &["sm_100a", "sm_103a"],
+        check_only: &[],
     },
     Arch {
         target: "sm_90",
         ptx_feature: "+ptx81",
-        assemble_for: &["sm_90", "sm_120"],
+        sass: &["sm_120"],
+        check_only: &["sm_90"],
     },
 ];
 
@@ -59,6 +68,12 @@ pub const UNROLL_THRESHOLD: u32 = 4000;
 pub fn ptx_path(root: &Path, arch: &str) -> PathBuf {
     root.join("kernels-gpu/ptx")
         .join(format!("kernels_{arch}.ptx"))
+}
+
+/// Committed machine-code path for the GPU target `gpu` (`Arch::sass`).
+pub fn sass_path(root: &Path, gpu: &str) -> PathBuf {
+    root.join("kernels-gpu/sass")
+        .join(format!("kernels_{gpu}.cubin"))
 }
 
 /// The nightly named in `kernels-gpu/rust-toolchain.toml` (single source).
@@ -210,21 +225,28 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
             feature,
             Variant::Committed,
         )?;
-        let dest = ptx_path(&root, arch);
-        let committed = std::fs::read_to_string(&dest).unwrap_or_default();
-        if committed != text {
+        let mut outputs = vec![(ptx_path(&root, arch), text.clone().into_bytes())];
+        for (gpu, cubin) in check_text(&root, &ptxas, a, &text, Variant::Committed)? {
+            outputs.push((sass_path(&root, gpu), cubin));
+        }
+        for (dest, bytes) in outputs {
+            if std::fs::read(&dest).ok().as_deref() == Some(&bytes[..]) {
+                continue;
+            }
             if check {
                 stale.push(dest.display().to_string());
             } else {
-                std::fs::write(&dest, &text).map_err(|e| format!("{}: {e}", dest.display()))?;
+                if let Some(dir) = dest.parent() {
+                    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                }
+                std::fs::write(&dest, &bytes).map_err(|e| format!("{}: {e}", dest.display()))?;
                 println!("wrote {}", dest.display());
             }
         }
-        check_text(&root, &ptxas, a, &text, Variant::Committed)?;
     }
     if !stale.is_empty() {
         return Err(format!(
-            "committed PTX is stale (kernel sources changed without regenerating): {}\nrun `cargo xtask build-ptx` and commit the result",
+            "committed PTX or machine code is stale (kernel sources or the pinned {PTXAS_PACKAGE} changed without regenerating): {}\nrun `cargo xtask build-ptx` and commit the result",
             stale.join(", ")
         ));
     }
@@ -253,14 +275,14 @@ impl Variant {
 
 /// The checks every generated file passes: no collective in lane-divergent
 /// code, and `ptxas -v` for each GPU it is meant for with no spills and no
-/// stack frame.
+/// stack frame. Returns the machine code of each `Arch::sass` target.
 fn check_text(
     root: &Path,
     ptxas: &Path,
     a: &Arch,
     text: &str,
     variant: Variant,
-) -> Result<(), String> {
+) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
     let arch = a.target;
     let findings = crate::converge::check(text);
     if !findings.is_empty() {
@@ -276,10 +298,15 @@ fn check_text(
         .join(variant.target_dir())
         .join(format!("check_{arch}.ptx"));
     std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
-    for gpu in a.assemble_for {
+    for gpu in a.check_only {
         assemble(ptxas, &tmp, gpu)?;
     }
-    Ok(())
+    let mut sass = Vec::new();
+    for gpu in a.sass {
+        let (_, cubin) = assemble(ptxas, &tmp, gpu)?;
+        sass.push((*gpu, cubin));
+    }
+    Ok(sass)
 }
 
 /// Builds the watchdog variant of every PTX file into `out`
@@ -351,8 +378,13 @@ pub struct KernelReport {
 
 /// Assembles `ptx` for `arch` with `ptxas -v`; fails on errors, spills and
 /// stack frames; prints registers and static shared memory per kernel.
-pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str) -> Result<Vec<KernelReport>, String> {
-    let cubin = ptx.with_extension("cubin");
+/// Returns the reports and the machine code (a cubin).
+pub fn assemble(
+    ptxas: &Path,
+    ptx: &Path,
+    arch: &str,
+) -> Result<(Vec<KernelReport>, Vec<u8>), String> {
+    let cubin = ptx.with_extension(format!("{arch}.cubin"));
     let (_, err) = util::output(
         Command::new(ptxas)
             .arg(format!("-arch={arch}"))
@@ -407,7 +439,8 @@ pub fn assemble(ptxas: &Path, ptx: &Path, arch: &str) -> Result<Vec<KernelReport
             bad.join(", ")
         ));
     }
-    Ok(reports)
+    let code = std::fs::read(&cubin).map_err(|e| format!("{}: {e}", cubin.display()))?;
+    Ok((reports, code))
 }
 
 /// Dynamic shared memory the host requests at launch (ptxas only sees the

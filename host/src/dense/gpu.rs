@@ -78,6 +78,9 @@ pub(super) struct DenseGpu {
     /// sizes of both (rows, columns, heads, `d_index_k`).
     sparse: SparseShape,
     stage2: Stage2,
+    /// The module the kernels come from, shared with every plan on the
+    /// context (`crate::modules`).
+    module: Arc<crate::modules::Loaded>,
 }
 
 /// How stage 2 runs (module note).
@@ -157,12 +160,12 @@ impl DenseGpu {
                 _ => return Ok(None),
             }
         };
-        let module = sel.module.load(ctx)?;
+        let module = crate::modules::get(ctx, sel.module)?;
         let stream = ctx.default_stream();
         let stage2 = match path {
             None => {
-                let kernel = module.load_function(DENSE_WG.name)?;
-                gpu::set_dynamic_smem(&kernel, kernels_gpu::dense_wg::SMEM.bytes)?;
+                let kernel =
+                    module.kernel_with_smem(DENSE_WG.name, kernels_gpu::dense_wg::SMEM.bytes)?;
                 let items = super::tiles::items(shape)?;
                 let n_items = items.len() as u32;
                 let flat: Vec<u32> = items.into_iter().flatten().collect();
@@ -185,14 +188,20 @@ impl DenseGpu {
             }
         };
         let gpu = DenseGpu {
-            stage1: module.load_function(DENSE_STAGE1.name)?,
+            stage1: module.kernel(DENSE_STAGE1.name)?,
             cast: Cast::new(&module)?,
             visible: stream.clone_htod(&visible_counts(shape)?)?,
             sparse,
             stage2,
+            module,
         };
         stream.synchronize()?;
         Ok(Some(gpu))
+    }
+
+    /// What the kernel module was loaded from.
+    pub(super) fn module_image(&self) -> crate::ModuleImage {
+        self.module.image()
     }
 
     /// Launches stage 1, stage 2 and (bf16 `d_index_k`) the cast on

@@ -104,6 +104,14 @@ impl Plan {
         self.gpu.is_some()
     }
 
+    /// What the GPU path's kernel module was loaded from (the shipped
+    /// machine code of the GPU, or JIT-compiled PTX), `None` where the plan
+    /// runs on the CPU. The module is shared with every plan on the context
+    /// ([`crate::Plan::new`]).
+    pub fn module_image(&self) -> Option<crate::ModuleImage> {
+        self.gpu.as_ref().map(DenseGpu::module_image)
+    }
+
     /// The plan's shape.
     pub fn shape(&self) -> &Shape {
         &self.shape

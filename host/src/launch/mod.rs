@@ -35,9 +35,10 @@ pub(crate) use common::Run;
 use crate::args::Ptrs;
 use crate::error::Result;
 use crate::gpu;
+use crate::modules::Loaded;
 use crate::select::PathKind;
 use crate::shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use kernels_gpu::params::{
     CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC, FLAG_DW_F32, FLAG_LOCAL_IDS,
     FLAG_LOG_SCORE, FLAG_ROW_CHUNKS,
@@ -59,7 +60,7 @@ impl Path {
     /// of a GPU of compute capability `cc`) for `shape`.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
+        module: &Loaded,
         kind: PathKind,
         shape: &Shape,
         cc: (i32, i32),
@@ -98,9 +99,9 @@ impl Path {
 pub(crate) struct Cast(CudaFunction);
 
 impl Cast {
-    /// Loads the cast kernel (every module holds it).
-    pub(crate) fn new(module: &Arc<CudaModule>) -> Result<Cast> {
-        Ok(Cast(module.load_function(CAST_KERNEL)?))
+    /// Takes the cast kernel (every module holds it).
+    pub(crate) fn new(module: &Loaded) -> Result<Cast> {
+        Ok(Cast(module.kernel(CAST_KERNEL)?))
     }
 
     /// Casts `shape.k_len()` f32 elements at `src` into bf16 at `dst`.

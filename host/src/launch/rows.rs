@@ -12,9 +12,10 @@
 use super::common::Run;
 use crate::error::Result;
 use crate::gpu;
+use crate::modules::Loaded;
 use crate::select::check_shared_memory;
 use crate::shape::Shape;
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{sys, CudaContext, CudaFunction};
 use kernels_gpu::params::GradParams;
 use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
 use std::sync::Arc;
@@ -35,7 +36,7 @@ impl RowKernel {
     /// than the kernel needs.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
+        module: &Loaded,
         kernel: &'static str,
         shape: &Shape,
         cc: (i32, i32),
@@ -48,8 +49,7 @@ impl RowKernel {
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?;
         check_shared_memory(kernel, smem.bytes, available, cc)?;
-        let f = module.load_function(kernel)?;
-        gpu::set_dynamic_smem(&f, smem.bytes)?;
+        let f = module.kernel_with_smem(kernel, smem.bytes)?;
         Ok(RowKernel {
             f,
             grid: shape.rows() as u32,

@@ -15,8 +15,9 @@
 use super::common::{launch_stage1, Run};
 use crate::error::{Error, Result};
 use crate::gpu;
+use crate::modules::Loaded;
 use crate::shape::Shape;
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{sys, CudaContext, CudaFunction};
 use kernels_gpu::params::{Sm100Params, TensorMap, SM100_STAGE2_THREADS, STAGE1_KERNEL};
 use kernels_gpu::sched;
 use kernels_gpu::sm100::budget::SM100_SMEM;
@@ -122,13 +123,12 @@ impl Sm100Kernels {
     /// shared memory.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
+        module: &Loaded,
         shape: &Shape,
         stage2: &'static str,
     ) -> Result<Self> {
-        let stage2 = module.load_function(stage2)?;
-        gpu::set_dynamic_smem(&stage2, SM100_SMEM)?;
-        let stage1 = module.load_function(STAGE1_KERNEL)?;
+        let stage2 = module.kernel_with_smem(stage2, SM100_SMEM)?;
+        let stage1 = module.kernel(STAGE1_KERNEL)?;
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Sm100Kernels {

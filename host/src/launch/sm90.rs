@@ -17,9 +17,10 @@
 use super::common::{launch_stage1, Run};
 use crate::error::Result;
 use crate::gpu;
+use crate::modules::Loaded;
 use crate::shape::Shape;
 use crate::shape::Unions;
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 use kernels_gpu::params::{GradParams, FLAG_PAIR_DISPATCH, FLAG_UNION};
 use kernels_gpu::sm90;
 use std::sync::Arc;
@@ -59,7 +60,7 @@ impl Wgmma {
     /// their shared-memory limits.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
+        module: &Loaded,
         shape: &Shape,
         wg: sm90::WgRow,
         paired: bool,
@@ -70,22 +71,19 @@ impl Wgmma {
         let sms = sms.max(1) as u32;
         let rows = shape.rows() as u32;
         let pair = if paired && wg.paired {
-            let f = module.load_function(sm90::WG_PAIR_KERNEL)?;
-            gpu::set_dynamic_smem(&f, sm90::PAIR.bytes)?;
+            let f = module.kernel_with_smem(sm90::WG_PAIR_KERNEL, sm90::PAIR.bytes)?;
             Some((f, sm90::pair_grid(rows, sms)))
         } else {
             None
         };
         let union = if unions == Unions::Always && pair.is_some() {
-            let f = module.load_function(sm90::UNION_KERNEL)?;
-            gpu::set_dynamic_smem(&f, sm90::UNION_SMEM)?;
+            let f = module.kernel_with_smem(sm90::UNION_KERNEL, sm90::UNION_SMEM)?;
             Some((f, rows / 2))
         } else {
             None
         };
-        let row = module.load_function(wg.kernel)?;
-        let stage1 = module.load_function(wg.stage1)?;
-        gpu::set_dynamic_smem(&row, wg.bytes)?;
+        let row = module.kernel_with_smem(wg.kernel, wg.bytes)?;
+        let stage1 = module.kernel(wg.stage1)?;
         Ok(Wgmma {
             stage1,
             row,
