@@ -10,12 +10,15 @@ GPU, B = 1, H = 64, D = 128, S_q = S_k = T, global uniform ids, f32 dK:
    step needs a plan for a shape it has not seen), --steps steps;
 2. fixed: T = T0 - SPAN / 2 (the varlen loop's mean) every step;
 3. host: --host-calls back-to-back calls of a small problem, no
-   synchronisation: the host time of one call.
+   synchronisation: the host time of one call; and the time of building
+   one native plan of a new shape from Python.
 
 Loops 1 and 2 synchronise after every call and time call + synchronise with
 a host clock, so a plan build or a JIT stall in a step shows in that step.
-The first call of each loop is reported apart (it may load the kernel
-module); the comparison is over the steps after it: mean, median, p99, max,
+The very first call of the process (which loads the kernel module) is
+reported apart; then both loops run in two halves, in the order fixed,
+varlen, varlen, fixed, so that a drift of the GPU's clocks over the run
+weighs on both alike. The comparison: mean, median, p99 and max per call,
 and the ratio varlen / fixed of the means.
 
 Needs torch with CUDA and the package (``pip install ./python``); ``--help``
@@ -39,11 +42,12 @@ def parse():
 
 
 def summary(name, times_us):
+    """Prints the statistics of ``times_us[1:]``; returns their mean."""
     first, rest = times_us[0], sorted(times_us[1:])
     mean = statistics.fmean(rest)
     p99 = rest[min(len(rest) - 1, round(0.99 * (len(rest) - 1)))]
     print(
-        f"{name}: first call {first / 1e3:.2f} ms; after it {len(rest)} calls: mean {mean:.1f} us, "
+        f"{name}: {len(rest)} calls after the first: mean {mean:.1f} us, "
         f"median {statistics.median(rest):.1f} us, p99 {p99:.1f} us, max {rest[-1]:.1f} us"
     )
     return mean
@@ -100,11 +104,28 @@ def main():
         f"{dib.PLAN_CACHE_CAPACITY}"
     )
     dib.clear_plan_cache()
-    v = summary("varlen loop", loop(varlen_t))
-    print(f"plans cached after the varlen loop: {dib.plan_cache_size()}")
-    dib.clear_plan_cache()
-    f = summary("fixed loop", loop(fixed_t))
+    first = loop([fixed_t[0]])[0]
+    print(f"first call of the process (loads the kernel module): {first / 1e3:.2f} ms")
+    half = args.steps // 2
+    fixed, varlen = loop(fixed_t[:half]), loop(varlen_t[:half])
+    varlen += loop(varlen_t[half:])
+    fixed += loop(fixed_t[half:])
+    print(f"plans cached after the loops: {dib.plan_cache_size()}")
+    v = summary("varlen loop", [first] + varlen)
+    f = summary("fixed loop", [first] + fixed)
     print(f"varlen / fixed per-call time (mean after the first call): {v / f:.4f}")
+
+    # One native plan of a new shape, built from Python (what a varlen step
+    # pays on top of a fixed one).
+    times = []
+    for t in range(tmin - 200, tmin):
+        t0 = time.perf_counter()
+        dib._native.Plan(0, (1, t, t, h, d, topk), 1.0, "global", "probs", "float32",
+                         "bfloat16", "auto")
+        times.append((time.perf_counter() - t0) * 1e6)
+    times.sort()
+    print(f"native plan of a new shape from Python: median {times[100]:.1f} us, "
+          f"max {times[-1]:.1f} us (200 shapes)")
 
     # Host time: a small problem, back-to-back calls, no synchronisation.
     t = 256

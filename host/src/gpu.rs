@@ -105,13 +105,12 @@ impl PtxModule {
         }
     }
 
-    /// The module read from the override folder [`PTX_DIR_ENV`], when that
+    /// The PTX text of the override folder [`PTX_DIR_ENV`], when that
     /// variable is set: `$INDEXER_PTX_DIR/kernels_<target>.ptx` replaces the
     /// embedded code (bring-up and debugging: the GPU bundle's watchdog
     /// build lives in `ptx-watchdog/`; the bundle's `ptx/` forces the JIT
-    /// path). A module that holds the watchdog's configuration is then
-    /// armed ([`crate::watchdog::arm`]).
-    pub(crate) fn load_override(self, ctx: &Arc<CudaContext>) -> Result<Option<Arc<CudaModule>>> {
+    /// path).
+    pub(crate) fn override_text(self) -> Result<Option<String>> {
         let Some(dir) = std::env::var_os(PTX_DIR_ENV) else {
             return Ok(None);
         };
@@ -120,12 +119,7 @@ impl PtxModule {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        let watchdog = crate::watchdog::is_watchdog_build(&text);
-        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))?;
-        if watchdog {
-            crate::watchdog::arm(ctx, &module)?;
-        }
-        Ok(Some(module))
+        Ok(Some(text))
     }
 }
 

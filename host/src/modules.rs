@@ -144,20 +144,26 @@ pub fn loaded_modules() -> usize {
         .count()
 }
 
-/// Loads `which` on `ctx`: the `INDEXER_PTX_DIR` override when set, else
-/// the shipped machine code for the GPU when there is some and the driver
-/// takes it, else the PTX. A failure names the GPU, its compute capability
-/// and every image tried.
+/// Loads `which` on `ctx`: the `INDEXER_PTX_DIR` override when set (armed
+/// when it is a watchdog build, [`crate::watchdog::arm`]), else the shipped
+/// machine code for the GPU when there is some and the driver takes it,
+/// else the PTX. A failure names the GPU, its compute capability and every
+/// image tried.
 fn load(ctx: &Arc<CudaContext>, which: PtxModule) -> Result<(Arc<CudaModule>, ModuleImage)> {
-    if let Some(module) = which.load_override(ctx)? {
-        return Ok((
-            module,
-            ModuleImage::Ptx {
-                target: which.target(),
-            },
-        ));
-    }
     let (major, minor) = ctx.compute_capability()?;
+    let ptx = ModuleImage::Ptx {
+        target: which.target(),
+    };
+    if let Some(text) = which.override_text()? {
+        let watchdog = crate::watchdog::is_watchdog_build(&text);
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(text))
+            .map_err(|e| load_error(ctx, (major, minor), &[(ptx, e)]))?;
+        if watchdog {
+            crate::watchdog::arm(ctx, &module)?;
+        }
+        return Ok((module, ptx));
+    }
     let mut tried = Vec::new();
     if let Some((target, code)) = which.sass(major, minor) {
         let image = ModuleImage::Sass { target };
@@ -166,13 +172,10 @@ fn load(ctx: &Arc<CudaContext>, which: PtxModule) -> Result<(Arc<CudaModule>, Mo
             Err(e) => tried.push((image, e)),
         }
     }
-    let image = ModuleImage::Ptx {
-        target: which.target(),
-    };
     match ctx.load_module(cudarc::nvrtc::Ptx::from_src(which.ptx())) {
-        Ok(module) => Ok((module, image)),
+        Ok(module) => Ok((module, ptx)),
         Err(e) => {
-            tried.push((image, e));
+            tried.push((ptx, e));
             Err(load_error(ctx, (major, minor), &tried))
         }
     }

@@ -91,4 +91,31 @@ fn one_module_per_context_from_machine_code() {
         println!("after a reload, topk {topk}: {e:?}");
     }
     assert_eq!(loaded_modules(), 0, "run_gpu's plans are gone");
+
+    // A module the driver cannot load names the GPU, its compute
+    // capability and what was tried (PTX it rejects, through the override;
+    // this test is alone in its process, so the variable reaches no other).
+    let dir = std::env::temp_dir().join(format!("indexer-bad-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("kernels_{}.ptx", which.target()));
+    std::fs::write(&path, ".version 8.1\n.target sm_90a\nnot ptx at all\n").unwrap();
+    let old = std::env::var_os(PTX_DIR_ENV);
+    std::env::set_var(PTX_DIR_ENV, &dir);
+    let err = Plan::new(&ctx, shape(64, 128), opts).err();
+    match old {
+        Some(v) => std::env::set_var(PTX_DIR_ENV, v),
+        None => std::env::remove_var(PTX_DIR_ENV),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = err.expect("a plan over PTX the driver rejects");
+    let msg = err.to_string();
+    println!("rejected module: {msg}");
+    assert!(
+        matches!(err, dsa_indexer_bwd::Error::ModuleLoad { major: m, minor: n, .. } if (m, n) == (major, minor)),
+        "{msg}"
+    );
+    assert!(msg.contains(&ctx.name().unwrap()), "{msg}");
+    assert!(msg.contains(&format!("{major}.{minor}")), "{msg}");
+    assert!(msg.contains(which.target()), "{msg}");
+    assert_eq!(loaded_modules(), 0);
 }

@@ -168,8 +168,7 @@ impl DenseGpu {
                     module.kernel_with_smem(DENSE_WG.name, kernels_gpu::dense_wg::SMEM.bytes)?;
                 let items = super::tiles::items(shape)?;
                 let n_items = items.len() as u32;
-                let flat: Vec<u32> = items.into_iter().flatten().collect();
-                let items = stream.clone_htod(&flat)?;
+                let items = stream.clone_htod(items.as_flattened())?;
                 let heads = kernels_gpu::dense_wg::HEADS as usize;
                 Stage2::Tiles {
                     kernel,

@@ -21,7 +21,14 @@ pub(super) type Item = [u32; DENSE_ITEM_WORDS];
 pub(super) fn items(shape: &Shape) -> Result<Vec<Item>> {
     // (work, item): work in steps of both warpgroups (a key tile of a row
     // item, a query row of a key item).
-    let mut work: Vec<(u64, Item)> = Vec::new();
+    let capacity: usize = (0..shape.batch())
+        .map(|b| {
+            let (nq, nk) = (shape.seq_q_of(b), shape.seq_k_of(b));
+            nq.div_ceil(ITEM_ROWS as usize)
+                + nk.div_ceil(ITEM_KEYS as usize) * (nq.div_ceil(ITEM_MAX_ROWS as usize) + 1)
+        })
+        .sum();
+    let mut work: Vec<(u64, Item)> = Vec::with_capacity(capacity);
     let (mut row0, mut key0) = (0usize, 0usize);
     for b in 0..shape.batch() {
         let (nq, nk) = (shape.seq_q_of(b), shape.seq_k_of(b));
@@ -69,9 +76,39 @@ pub(super) fn items(shape: &Shape) -> Result<Vec<Item>> {
         row0 += nq;
         key0 += nk;
     }
-    // Stable: equal work keeps the batch order.
-    work.sort_by_key(|w| std::cmp::Reverse(w.0));
-    Ok(work.into_iter().map(|(_, i)| i).collect())
+    Ok(longest_first(work))
+}
+
+/// The items of `work` by descending work, stably (equal work keeps the
+/// batch order). Work is a small integer (key tiles of a row, at most
+/// `ITEM_MAX_ROWS` rows of a key item), so a counting sort orders them in
+/// time linear in their number (a plan is built per shape, often per
+/// step); a comparison sort where the largest work is out of proportion.
+fn longest_first(work: Vec<(u64, Item)>) -> Vec<Item> {
+    let max = work.iter().map(|w| w.0).max().unwrap_or(0);
+    if max > 4 * work.len() as u64 + 1024 {
+        let mut work = work;
+        work.sort_by_key(|w| std::cmp::Reverse(w.0));
+        return work.into_iter().map(|(_, i)| i).collect();
+    }
+    // Bucket `max - w` holds work `w`; `next[b]` is the next free slot of
+    // bucket `b` in the output.
+    let max = max as usize;
+    let mut next = vec![0usize; max + 1];
+    for w in &work {
+        next[max - w.0 as usize] += 1;
+    }
+    let mut at = 0;
+    for n in next.iter_mut() {
+        (*n, at) = (at, at + *n);
+    }
+    let mut out = vec![[0u32; DENSE_ITEM_WORDS]; work.len()];
+    for (w, item) in work {
+        let b = max - w as usize;
+        out[next[b]] = item;
+        next[b] += 1;
+    }
+    out
 }
 
 /// The first `s < n` with `sees(s)` (`n` if none), for `sees` false then
@@ -96,6 +133,28 @@ mod tests {
     /// Every (row, key) pair a row sees is covered by exactly one row item
     /// and one key item, every row has one row item, every key its key
     /// items (one per run of rows), and the order is longest first.
+    #[test]
+    fn longest_first_is_a_stable_sort_by_descending_work() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        // Small work (the counting sort) and work out of proportion (the
+        // comparison sort), with many ties.
+        for (n, range) in [(0, 1), (1, 1), (500, 9), (3000, 300), (50, 1 << 40)] {
+            let work: Vec<(u64, Item)> = (0..n)
+                .map(|i| (next() % range, [i as u32, 1, 2, 3, 4, 5, 6, 7]))
+                .collect();
+            let mut want = work.clone();
+            want.sort_by_key(|w| std::cmp::Reverse(w.0));
+            let want: Vec<Item> = want.into_iter().map(|(_, i)| i).collect();
+            assert_eq!(longest_first(work), want, "n {n} range {range}");
+        }
+    }
+
     #[test]
     fn items_cover_every_visible_pair_once_each_way() {
         let shapes = [
