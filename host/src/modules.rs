@@ -5,9 +5,10 @@
 //! ([`PtxModule::for_capability`]): the machine code shipped for that exact
 //! compute capability when there is one ([`PtxModule::sass`]), the PTX
 //! otherwise, which the driver JIT-compiles. Later plans on the same context
-//! take the loaded module and the kernels already looked up in it, so a
-//! plan costs no module load and no JIT compilation; each kernel's
-//! shared-memory attribute is set once. The module lives while a plan (or
+//! take the loaded module and the kernels already looked up in it (every
+//! kernel a plan may launch is looked up when the module loads), so a plan
+//! costs no module load, no JIT compilation and no kernel load; each
+//! kernel's shared-memory attribute is set once. The module lives while a plan (or
 //! any [`Kernel`] handed out) holds it and is unloaded after the last one
 //! goes; the next plan then loads it again.
 //!
@@ -19,6 +20,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::{self, PtxModule};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
+use kernels_gpu::registry::{Param, Target, KERNELS};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -126,12 +128,32 @@ pub(crate) fn get(ctx: &Arc<CudaContext>, which: PtxModule) -> Result<Arc<Loaded
         image,
         kernels: Mutex::new(HashMap::new()),
     });
+    // Every kernel a plan may launch is looked up now: with the driver's
+    // lazy loading a kernel's code reaches the GPU at its first lookup, a
+    // cost that belongs to the module's load, not to some later plan.
+    if let Some(target) = Target::from_name(which.target()) {
+        for k in KERNELS
+            .iter()
+            .filter(|k| k.in_ptx(target) && launched_by_plans(k.param))
+        {
+            loaded.kernel(k.name)?;
+        }
+    }
     registry.push(Entry {
         ctx: key,
         which,
         loaded: Arc::downgrade(&loaded),
     });
     Ok(loaded)
+}
+
+/// Whether plans launch kernels taking `param` (the others are instruments:
+/// smoke tests, ceilings, probes).
+fn launched_by_plans(param: Param) -> bool {
+    match param {
+        Param::Grad | Param::Cast | Param::Dense | Param::DenseTile | Param::Sm100Stage2 => true,
+        Param::Smoke | Param::Ceil | Param::Sm100Smoke | Param::Sm100Probe | Param::Tag => false,
+    }
 }
 
 /// Number of modules loaded and held right now, over every context (for
