@@ -36,6 +36,8 @@ pub struct DenseCase {
     grad_loss: Option<Res<f32>>,
     /// Tensors of the file that are not inputs, sorted.
     pub unread: Vec<String>,
+    /// The file's string metadata (`__metadata__`).
+    pub metadata: HashMap<String, String>,
 }
 
 const KNOWN: [&str; 11] = [
@@ -189,7 +191,12 @@ pub fn read_dense_case(input: &Path, ratio: usize) -> Res<DenseCase> {
         .map(str::to_string)
         .collect();
     unread.sort();
+    let metadata = SafeTensors::read_metadata(&bytes)
+        .ok()
+        .and_then(|(_, m)| m.metadata().clone())
+        .unwrap_or_default();
     Ok(DenseCase {
+        metadata,
         index_q: bf("index_q")?,
         weights: bf("weights")?,
         index_k: bf("index_k")?,
@@ -208,6 +215,25 @@ impl DenseCase {
     /// [`crate::io::Case::grad_loss`]).
     pub fn grad_loss(&self, flag: Option<f32>, inp: &str) -> Res<(f32, String)> {
         choose_grad_loss(flag, &self.grad_loss, inp)
+    }
+
+    /// Warnings about NaN and infinite input values, one per tensor that
+    /// holds any (as [`crate::io::Case::non_finite_warnings`]).
+    pub fn non_finite_warnings(&self, inp: &str) -> Vec<String> {
+        use crate::io::{non_finite, non_finite_bf16, non_finite_warnings};
+        let f = |v: &[f32]| non_finite(v.iter().copied());
+        non_finite_warnings(
+            inp,
+            &[
+                ("index_q", non_finite_bf16(&self.index_q)),
+                ("weights", non_finite_bf16(&self.weights)),
+                ("index_k", non_finite_bf16(&self.index_k)),
+                ("attn_score", f(&self.attn_score)),
+                ("attn_l1norm", f(&self.attn_l1norm)),
+                ("index_score", f(&self.index_score)),
+                ("index_lse", f(&self.index_lse)),
+            ],
+        )
     }
 }
 

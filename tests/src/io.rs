@@ -19,8 +19,45 @@ use std::path::{Path, PathBuf};
 /// Errors are messages naming the file.
 pub type Res<T> = Result<T, String>;
 
+/// Temporary output files that exist right now (removed by the signal
+/// handler when the tool is interrupted or terminated).
+static LIVE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Exit status of a tool stopped by SIGINT, SIGTERM or SIGHUP (128 + 2).
+pub const INTERRUPTED: i32 = 130;
+
+/// Installs, once per process, the handler that removes every live
+/// temporary output file and exits with [`INTERRUPTED`] on SIGINT, SIGTERM
+/// or SIGHUP, so an interrupted run leaves OUT as it was and nothing
+/// beside it.
+fn remove_on_signal() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // A process that cannot install it keeps the default behaviour
+        // (the temporary file may stay); nothing else depends on it.
+        let _ = ctrlc::set_handler(|| {
+            let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            for tmp in live.iter() {
+                let _ = std::fs::remove_file(tmp);
+            }
+            eprintln!("interrupted: no output written");
+            std::process::exit(INTERRUPTED);
+        });
+    });
+}
+
+/// Registers (`true`) or forgets a live temporary file.
+fn track(tmp: &Path, live: bool) {
+    let mut all = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|p| p != tmp);
+    if live {
+        all.push(tmp.to_path_buf());
+    }
+}
+
 /// The output file in the making: a temporary file beside OUT, removed
-/// unless [`OutFile::commit`] renames it over OUT.
+/// unless [`OutFile::commit`] renames it over OUT (also when the tool is
+/// interrupted or terminated by a signal).
 pub struct OutFile {
     tmp: PathBuf,
     out: PathBuf,
@@ -28,11 +65,16 @@ pub struct OutFile {
 }
 
 impl OutFile {
-    /// Refuses OUT == IN (same path, link or file) and a directory, then
-    /// creates the temporary file, so an unwritable location fails before
-    /// any work.
+    /// Refuses OUT == IN (same path, link or file), a directory and a path
+    /// that names one (a trailing `/`), then creates the temporary file, so
+    /// an unwritable location fails before any work.
     pub fn create(out: &Path, input: &Path) -> Res<OutFile> {
         let shown = out.display();
+        if out.as_os_str().as_encoded_bytes().ends_with(b"/") {
+            return Err(format!(
+                "{shown}: ends with '/', a directory; the output must be a file path"
+            ));
+        }
         if let Ok(meta) = std::fs::metadata(out) {
             if meta.is_dir() {
                 return Err(format!("{shown}: is a directory"));
@@ -51,11 +93,18 @@ impl OutFile {
         tmp_name.push(name);
         tmp_name.push(format!(".tmp-{}", std::process::id()));
         let tmp = out.with_file_name(tmp_name);
+        remove_on_signal();
+        // Registered before it exists: a signal between the two removes
+        // nothing (no such file), one after removes it.
+        track(&tmp, true);
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&tmp)
-            .map_err(|e| format!("{shown}: cannot create {}: {e}", tmp.display()))?;
+            .map_err(|e| {
+                track(&tmp, false);
+                format!("{shown}: cannot create {}: {e}", tmp.display())
+            })?;
         Ok(OutFile {
             tmp,
             out: out.to_path_buf(),
@@ -70,7 +119,11 @@ impl OutFile {
         f.write_all(bytes).map_err(at)?;
         f.sync_all().map_err(at)?;
         drop(f);
-        std::fs::rename(&self.tmp, &self.out).map_err(|e| {
+        let renamed = std::fs::rename(&self.tmp, &self.out);
+        if renamed.is_ok() {
+            track(&self.tmp, false);
+        }
+        renamed.map_err(|e| {
             format!(
                 "{}: cannot rename {} over it: {e}",
                 self.out.display(),
@@ -86,6 +139,7 @@ impl Drop for OutFile {
         if self.tmp.exists() {
             let _ = std::fs::remove_file(&self.tmp);
         }
+        track(&self.tmp, false);
     }
 }
 
@@ -134,6 +188,26 @@ pub fn non_finite(v: impl Iterator<Item = f32>) -> (usize, usize) {
     v.fold((0, 0), |(n, i), x| {
         (n + x.is_nan() as usize, i + x.is_infinite() as usize)
     })
+}
+
+/// [`non_finite`] of bf16 values.
+pub fn non_finite_bf16(v: &[bf16]) -> (usize, usize) {
+    non_finite(v.iter().map(|x| x.to_f32()))
+}
+
+/// One warning per tensor of `counts` (name, (NaN, infinite)) that holds
+/// any non-finite value: they are not rejected, they propagate into the
+/// outputs as SPEC says (both replay tools print them).
+pub fn non_finite_warnings(inp: &str, counts: &[(&str, (usize, usize))]) -> Vec<String> {
+    counts
+        .iter()
+        .filter(|(_, (nan, inf))| nan + inf > 0)
+        .map(|(name, (nan, inf))| {
+            format!(
+                "warning: {inp}: {name} holds {nan} NaN and {inf} infinite values; they propagate into the outputs (docs/spec.md, \"Non-finite values\")"
+            )
+        })
+        .collect()
 }
 
 /// The tensors of one case, decoded.
@@ -343,30 +417,16 @@ impl Case {
     /// Warnings about NaN and infinite input values (they propagate as
     /// SPEC says), one per tensor that holds any.
     pub fn non_finite_warnings(&self, inp: &str) -> Vec<String> {
-        let bad = [
-            (
-                "index_q",
-                non_finite(self.index_q.iter().map(|v| v.to_f32())),
-            ),
-            (
-                "weights",
-                non_finite(self.weights.iter().map(|v| v.to_f32())),
-            ),
-            (
-                "index_k",
-                non_finite(self.index_k.iter().map(|v| v.to_f32())),
-            ),
-            ("attn_score", non_finite(self.attn_score.iter().copied())),
-            ("index_score", non_finite(self.index_score.iter().copied())),
-        ];
-        bad.into_iter()
-            .filter(|(_, (nan, inf))| nan + inf > 0)
-            .map(|(name, (nan, inf))| {
-                format!(
-                    "warning: {inp}: {name} holds {nan} NaN and {inf} infinite values; they propagate into the outputs (docs/spec.md, \"Non-finite values\")"
-                )
-            })
-            .collect()
+        non_finite_warnings(
+            inp,
+            &[
+                ("index_q", non_finite_bf16(&self.index_q)),
+                ("weights", non_finite_bf16(&self.weights)),
+                ("index_k", non_finite_bf16(&self.index_k)),
+                ("attn_score", non_finite(self.attn_score.iter().copied())),
+                ("index_score", non_finite(self.index_score.iter().copied())),
+            ],
+        )
     }
 }
 
@@ -431,12 +491,112 @@ pub fn serialize_outputs(
     safetensors::serialize(views, Some(meta)).map_err(|e| format!("{out}: {e}"))
 }
 
-/// Refuses ids that look like the other convention: with B > 1, a batch
-/// `b >= 1` none of whose ids is a valid key of its own under `opts`,
-/// while at least half of them would be under the other convention (a
-/// global-id dump replayed as local ids pads every slot of batches 1..B
-/// and gives all-zero gradients there; a local-id dump replayed as global
-/// ids reads batch 0's keys). Returns a line with the id counts.
+/// One option of a replayed case, by one rule for every tool: the flag
+/// when given, else the file's metadata entry `key` (read by `parse`; an
+/// entry it cannot read is an error naming the file), else `default`.
+/// Returns the value and where it came from.
+pub fn case_option<T>(
+    flag: Option<T>,
+    metadata: &HashMap<String, String>,
+    key: &str,
+    inp: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    default: Option<T>,
+) -> Res<(T, String)> {
+    if let Some(v) = flag {
+        return Ok((v, "flag".into()));
+    }
+    if let Some(v) = metadata.get(key) {
+        let got =
+            parse(v.trim()).ok_or_else(|| format!("{inp}: metadata {key}: cannot read {v:?}"))?;
+        return Ok((got, format!("{inp} metadata")));
+    }
+    default
+        .map(|v| (v, "default".into()))
+        .ok_or_else(|| format!("{inp}: {key}: no flag and no metadata entry"))
+}
+
+/// The key-id convention of a case: `--ids` when given, else the file's
+/// metadata `key_ids`, else global, but only for B = 1 (where both
+/// conventions read every id alike): with B > 1 a wrong guess silently
+/// reads other batches' keys, so the convention must be said.
+pub fn case_key_ids(
+    flag: Option<KeyIds>,
+    metadata: &HashMap<String, String>,
+    shape: &Shape,
+    inp: &str,
+) -> Res<(KeyIds, String)> {
+    let parse = |v: &str| match v {
+        "global" => Some(KeyIds::Global),
+        "local" => Some(KeyIds::Local),
+        _ => None,
+    };
+    let default = (shape.batch <= 1).then_some(KeyIds::Global);
+    case_option(flag, metadata, "key_ids", inp, parse, default).map_err(|e| {
+        if default.is_none() && !metadata.contains_key("key_ids") {
+            format!(
+                "{inp}: topk_indices: B = {}: say which convention the ids use, --ids global (rows of the flat (B*S_k, D) keys) or --ids local (rows of the query's own batch), or store key_ids in the file's metadata",
+                shape.batch
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// What one batch's ids read as under each convention (B > 1).
+#[derive(Default)]
+struct BatchIds {
+    /// Valid under the convention given.
+    valid: usize,
+    /// Negative (padding under both conventions).
+    negative: usize,
+    /// Global ids: valid, but rows of another batch's keys.
+    foreign: usize,
+    /// Local ids: padding (out of range) that would be this batch's own
+    /// keys as global ids, and how many distinct such values.
+    own_if_global: usize,
+    own_if_global_distinct: usize,
+}
+
+impl BatchIds {
+    fn count(b: usize, chunk: &[i32], shape: &Shape, opts: &Options) -> BatchIds {
+        let sk = shape.seq_k as i64;
+        let own = b as i64 * sk..(b as i64 + 1) * sk;
+        let mut c = BatchIds::default();
+        let mut seen = std::collections::HashSet::new();
+        for &id in chunk {
+            let id = id as i64;
+            c.negative += (id < 0) as usize;
+            let valid = opts.resolve(shape, b, id as i32).is_some();
+            c.valid += valid as usize;
+            match opts.key_ids {
+                KeyIds::Global => c.foreign += (valid && !own.contains(&id)) as usize,
+                KeyIds::Local => {
+                    if !valid && own.contains(&id) {
+                        c.own_if_global += 1;
+                        seen.insert(id);
+                    }
+                }
+            }
+        }
+        c.own_if_global_distinct = seen.len();
+        c
+    }
+}
+
+/// Checks that the ids agree with the convention given (B > 1; with one
+/// batch both conventions read every id alike), one rule per convention:
+/// - global: every valid id is a row of its own batch's keys
+///   `[b*S_k, (b+1)*S_k)`; an id into another batch's keys is what local
+///   ids (and local padding written as `S_k`) read as global ids look like;
+/// - local: a batch `b >= 1` with no valid local id but at least two
+///   distinct ids that would be its own keys as global ids holds global
+///   ids (as local ids they are all padding: all-zero gradients).
+///
+/// A case that fails is an error naming the batch, the counts and the fix,
+/// unless `trust`. Returns a line with the id counts (valid, padding,
+/// negative, out of range).
 pub fn check_ids(
     shape: &Shape,
     opts: &Options,
@@ -445,45 +605,42 @@ pub fn check_ids(
     inp: &str,
 ) -> Res<String> {
     let per_batch = shape.seq_q * shape.topk;
-    let sk = shape.seq_k as i64;
     let (mut valid, mut negative) = (0usize, 0usize);
+    let (this, that) = match opts.key_ids {
+        KeyIds::Global => ("global", "local"),
+        KeyIds::Local => ("local", "global"),
+    };
     for (b, chunk) in ids.chunks(per_batch.max(1)).enumerate() {
-        let own = |id: i64| (b as i64 * sk..(b as i64 + 1) * sk).contains(&id);
-        let local = |id: i64| (0..sk).contains(&id);
-        let mut ok = 0usize;
-        let mut other = 0usize;
-        for &id in chunk {
-            let id = id as i64;
-            negative += (id < 0) as usize;
-            let (this, that) = match opts.key_ids {
-                KeyIds::Global => (
-                    opts.resolve(shape, b, id as i32).is_some(),
-                    b > 0 && local(id),
-                ),
-                KeyIds::Local => (local(id), own(id)),
-            };
-            valid += this as usize;
-            ok += (this && (opts.key_ids == KeyIds::Local || own(id))) as usize;
-            other += that as usize;
+        let c = BatchIds::count(b, chunk, shape, opts);
+        valid += c.valid;
+        negative += c.negative;
+        if shape.batch <= 1 || trust {
+            continue;
         }
-        if b > 0 && ok == 0 && 2 * other >= chunk.len() && !trust {
-            let (this, that) = match opts.key_ids {
-                KeyIds::Global => ("global", "local"),
-                KeyIds::Local => ("local", "global"),
-            };
-            return Err(format!(
-                "{inp}: topk_indices: batch {b} selects none of its own keys as {this} ids, but {other} of its {} ids are valid {that} ids; the file looks like it holds {that} ids: pass --ids {that} (or --trust-ids to replay them as {this} ids)",
+        let wrong = match opts.key_ids {
+            KeyIds::Global if c.foreign > 0 => Some(format!(
+                "{} of its {} ids are rows of another batch's keys as global ids",
+                c.foreign,
                 chunk.len()
+            )),
+            KeyIds::Local if b > 0 && c.valid == 0 && c.own_if_global_distinct >= 2 => {
+                Some(format!(
+                    "none of its {} ids is a valid local id, and {} of them are its own keys as global ids",
+                    chunk.len(),
+                    c.own_if_global
+                ))
+            }
+            _ => None,
+        };
+        if let Some(why) = wrong {
+            return Err(format!(
+                "{inp}: topk_indices: batch {b}: {why}; the file looks like it holds {that} ids: pass --ids {that} (or --trust-ids to replay them as {this} ids)"
             ));
         }
     }
     Ok(format!(
-        "topk_indices: {} slots, {valid} valid {} ids, {} padding ({negative} negative, {} out of range)",
+        "topk_indices: {} slots, {valid} valid {this} ids, {} padding ({negative} negative, {} out of range)",
         ids.len(),
-        match opts.key_ids {
-            KeyIds::Global => "global",
-            KeyIds::Local => "local",
-        },
         ids.len() - valid,
         ids.len() - valid - negative
     ))

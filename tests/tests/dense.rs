@@ -721,3 +721,57 @@ fn dense_replay_roundtrips_a_case() {
     assert_eq!(std::fs::read(&out).unwrap(), before);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The dense replay's usage errors and warnings match the sparse one's:
+/// negative values are parsed as values (then judged), and non-finite
+/// input values are reported before they propagate.
+#[test]
+fn dense_replay_parses_negative_values_and_reports_non_finite_inputs() {
+    use indexer_tests::dense_io::write_dense_case;
+    let dir = std::env::temp_dir().join(format!("dense-replay-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = env!("CARGO_BIN_EXE_indexer-dense-replay");
+    let run = |args: &[&std::ffi::OsStr]| {
+        let o = std::process::Command::new(exe).args(args).output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (inp, out) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
+    for (flag, value, want) in [
+        ("--ratio", "-1", "'-1'"),
+        ("--ratio", "0", "'0'"),
+        ("--grad-loss", "-inf", "not finite"),
+        ("--sm-scale", "-inf", "not finite"),
+    ] {
+        let (rc, _, err) = run(&[
+            inp.as_os_str(),
+            out.as_os_str(),
+            flag.as_ref(),
+            value.as_ref(),
+        ]);
+        assert_eq!(rc, Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(want), "{flag} {value}: {err}");
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let shape = dense::Shape::bshd(1, 4, 6, 16, 64);
+    let mut p = DenseProblem::random(&mut rng, shape, Options::default(), 0.0);
+    p.k[3] = bf16::NAN;
+    p.k[70] = bf16::INFINITY;
+    write_dense_case(&p, &inp).unwrap();
+    let (rc, out_text, err) = run(&[
+        inp.as_os_str(),
+        out.as_os_str(),
+        "--sm-scale".as_ref(),
+        "-0.5".as_ref(),
+    ]);
+    assert_eq!(rc, Some(0), "{err}");
+    assert!(
+        err.contains("index_k holds 1 NaN and 1 infinite values"),
+        "{err}"
+    );
+    assert!(out_text.contains("sm_scale flag"), "{out_text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

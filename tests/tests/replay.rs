@@ -21,6 +21,16 @@ fn write_case(p: &Problem, path: &std::path::Path) {
 
 /// Writes the case with the given `grad_loss` tensor (or none).
 fn write_case_with(p: &Problem, path: &std::path::Path, grad_loss: Option<Stored>) {
+    write_case_meta(p, path, grad_loss, &[]);
+}
+
+/// Writes the case with a `grad_loss` tensor (or none) and string metadata.
+fn write_case_meta(
+    p: &Problem,
+    path: &std::path::Path,
+    grad_loss: Option<Stored>,
+    meta: &[(&str, &str)],
+) {
     let s = p.shape;
     let bf = |v: &[bf16]| -> Vec<u8> { v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect() };
     let f = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
@@ -64,7 +74,11 @@ fn write_case_with(p: &Problem, path: &std::path::Path, grad_loss: Option<Stored
             TensorView::new(*dt, shape.clone(), bytes).unwrap(),
         ));
     }
-    safetensors::serialize_to_file(views, None, path).unwrap();
+    let meta: std::collections::HashMap<String, String> = meta
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    safetensors::serialize_to_file(views, (!meta.is_empty()).then_some(meta), path).unwrap();
 }
 
 /// The runner binary: cargo's path when it exists, else `../bin/` beside
@@ -299,6 +313,8 @@ fn bad_arguments_are_usage_errors() {
         input.as_os_str(),
         output.as_os_str(),
         os("--cpu"),
+        os("--ids"),
+        os("global"),
         os("--sm-scale"),
         os("-0.5"),
     ];
@@ -349,7 +365,13 @@ fn grad_loss_of_the_wrong_type_or_shape_is_an_error() {
     for (name, stored, want) in bad {
         let input = dir.at(&format!("{name}.safetensors"));
         write_case_with(&p, &input, stored);
-        let (rc, out, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+        let (rc, out, err) = run_cli(&[
+            input.as_os_str(),
+            output.as_os_str(),
+            os("--cpu"),
+            os("--ids"),
+            os("global"),
+        ]);
         assert_eq!(rc, 1, "{name}: {err}");
         assert!(
             err.contains(&*input.to_string_lossy()) && err.contains("grad_loss"),
@@ -362,6 +384,8 @@ fn grad_loss_of_the_wrong_type_or_shape_is_an_error() {
             input.as_os_str(),
             output.as_os_str(),
             os("--cpu"),
+            os("--ids"),
+            os("global"),
             os("--grad-loss"),
             os("0.5"),
         ]);
@@ -375,13 +399,25 @@ fn grad_loss_of_the_wrong_type_or_shape_is_an_error() {
         &input,
         half(Dtype::F32, vec![], 0.5f32.to_le_bytes().to_vec()),
     );
-    let (rc, out, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    let (rc, out, err) = run_cli(&[
+        input.as_os_str(),
+        output.as_os_str(),
+        os("--cpu"),
+        os("--ids"),
+        os("global"),
+    ]);
     assert_eq!(rc, 0, "{err}");
     assert!(out.contains("grad_loss 0.5 ("), "{out}");
     let (_, _, _, dk_half) = read(&output);
     let input = dir.at("none.safetensors");
     write_case_with(&p, &input, None);
-    let (rc, out, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    let (rc, out, err) = run_cli(&[
+        input.as_os_str(),
+        output.as_os_str(),
+        os("--cpu"),
+        os("--ids"),
+        os("global"),
+    ]);
     assert_eq!(rc, 0, "{err}");
     assert!(out.contains("grad_loss 1 (default:"), "{out}");
     let (_, _, _, dk_one) = read(&output);
@@ -408,7 +444,13 @@ fn outputs_are_never_lost_and_never_the_input() {
     let linked = dir.at("link.safetensors");
     std::fs::hard_link(&input, &linked).unwrap();
     for same in [&input, &dotted, &linked] {
-        let (rc, out, err) = run_cli(&[input.as_os_str(), same.as_os_str(), os("--cpu")]);
+        let (rc, out, err) = run_cli(&[
+            input.as_os_str(),
+            same.as_os_str(),
+            os("--cpu"),
+            os("--ids"),
+            os("global"),
+        ]);
         assert_eq!(rc, 1, "{err}");
         assert!(err.contains("is the input file"), "{err}");
         assert!(!out.contains("ran on the"));
@@ -417,7 +459,13 @@ fn outputs_are_never_lost_and_never_the_input() {
     std::fs::remove_file(&linked).unwrap();
 
     // A good run, then a failing one: the first result stays.
-    let (rc, _, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    let (rc, _, err) = run_cli(&[
+        input.as_os_str(),
+        output.as_os_str(),
+        os("--cpu"),
+        os("--ids"),
+        os("global"),
+    ]);
     assert_eq!(rc, 0, "{err}");
     let good = std::fs::read(&output).unwrap();
     let broken = dir.at("broken.safetensors");
@@ -426,7 +474,13 @@ fn outputs_are_never_lost_and_never_the_input() {
         &broken,
         Some((Dtype::F64, vec![1], 1f64.to_le_bytes().to_vec())),
     );
-    let (rc, _, _) = run_cli(&[broken.as_os_str(), output.as_os_str(), os("--cpu")]);
+    let (rc, _, _) = run_cli(&[
+        broken.as_os_str(),
+        output.as_os_str(),
+        os("--cpu"),
+        os("--ids"),
+        os("global"),
+    ]);
     assert_eq!(rc, 1);
     assert_eq!(std::fs::read(&output).unwrap(), good, "earlier result lost");
     assert_eq!(
@@ -437,7 +491,13 @@ fn outputs_are_never_lost_and_never_the_input() {
 
     // An output folder that does not exist: refused before computing.
     let missing = dir.0.join("no-such-dir").join("out.safetensors");
-    let (rc, out, err) = run_cli(&[input.as_os_str(), missing.as_os_str(), os("--cpu")]);
+    let (rc, out, err) = run_cli(&[
+        input.as_os_str(),
+        missing.as_os_str(),
+        os("--cpu"),
+        os("--ids"),
+        os("global"),
+    ]);
     assert_eq!(rc, 1);
     assert!(err.contains(&*missing.to_string_lossy()), "{err}");
     assert!(
@@ -522,6 +582,8 @@ fn non_finite_inputs_are_reported_and_propagate() {
         input.as_os_str(),
         output.as_os_str(),
         os("--cpu"),
+        os("--ids"),
+        os("global"),
         os("--check"),
     ]);
     assert_eq!(rc, 0, "{err}");
@@ -543,4 +605,182 @@ fn non_finite_inputs_are_reported_and_propagate() {
     assert!(dw.iter().all(|v| v.to_f32().is_finite()));
     // Row 0, every head, column 5.
     assert!((0..16).all(|h| dq[h * 64 + 5].to_f32().is_nan()));
+}
+
+/// With B > 1 the id convention must be said (flag or metadata); ids that
+/// read as the other convention are refused: a local-id dump with padding
+/// written as S_k read as global ids, and one stray id >= S_k in batch 1.
+#[test]
+fn the_id_convention_is_said_and_checked_for_every_batch() {
+    let dir = Scratch::new("said");
+    let output = dir.at("out.safetensors");
+    let input = dir.at("in.safetensors");
+    let p = small_case(KeyIds::Global);
+    write_case(&p, &input);
+    let (rc, out, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    assert_eq!(rc, 1, "{err}");
+    assert!(
+        err.contains("B = 2") && err.contains("--ids global"),
+        "{err}"
+    );
+    assert!(!out.contains("ran on the"));
+    // The file's metadata says it: no flag needed.
+    write_case_meta(&p, &input, None, &[("key_ids", "global")]);
+    let (rc, out, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("key_ids") && out.contains("metadata"), "{out}");
+    write_case_meta(&p, &input, None, &[("key_ids", "sideways")]);
+    let (rc, _, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os("--cpu")]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("metadata key_ids"), "{err}");
+
+    // Local ids, padding written as S_k (= 20), replayed as global ids.
+    let mut local = small_case(KeyIds::Local);
+    let per_batch = 3 * 8;
+    for b in 0..2 {
+        local.ids[b * per_batch + 7] = 20;
+    }
+    write_case(&local, &input);
+    let as_global = [
+        input.as_os_str(),
+        output.as_os_str(),
+        os("--cpu"),
+        os("--ids"),
+        os("global"),
+    ];
+    let (rc, _, err) = run_cli(&as_global);
+    assert_eq!(rc, 1, "{err}");
+    assert!(
+        err.contains("another batch's keys") && err.contains("--ids local"),
+        "{err}"
+    );
+    let (rc, out, err) = run_cli(&[
+        input.as_os_str(),
+        output.as_os_str(),
+        os("--cpu"),
+        os("--ids"),
+        os("local"),
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("46 valid local ids, 2 padding"), "{out}");
+
+    // A global-id dump with one stray id of batch 0's keys in batch 1.
+    let mut stray = small_case(KeyIds::Global);
+    stray.ids[per_batch + 3] = 2;
+    write_case(&stray, &input);
+    let (rc, _, err) = run_cli(&as_global);
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("batch 1: 1 of its 24 ids"), "{err}");
+    let mut trusted = as_global.to_vec();
+    trusted.push(os("--trust-ids"));
+    let (rc, _, err) = run_cli(&trusted);
+    assert_eq!(rc, 0, "{err}");
+}
+
+/// sm_scale follows one rule in both tools: the flag, else the file's
+/// metadata, else 1; negative and non-finite values are values (parsed,
+/// then judged), never mistaken for flags.
+#[test]
+fn sm_scale_comes_from_the_flag_else_the_metadata() {
+    let dir = Scratch::new("meta");
+    let (input, output) = (dir.at("in.safetensors"), dir.at("out.safetensors"));
+    let p = small_case(KeyIds::Global);
+    let run = |extra: &[&str]| {
+        let mut args = vec![input.as_os_str(), output.as_os_str(), os("--cpu")];
+        args.extend([os("--ids"), os("global")]);
+        args.extend(extra.iter().map(os));
+        let (rc, out, err) = run_cli(&args);
+        assert_eq!(rc, 0, "{extra:?}: {err}");
+        (out, read(&output))
+    };
+    write_case(&p, &input);
+    let (_, flagged) = run(&["--sm-scale", "-0.25"]);
+    let gl = (Dtype::F32, vec![1], p.grad_loss.to_le_bytes().to_vec());
+    write_case_meta(&p, &input, Some(gl), &[("sm_scale", "-0.25")]);
+    let (out, from_meta) = run(&[]);
+    assert!(
+        out.contains("sm_scale") && out.contains("metadata"),
+        "{out}"
+    );
+    assert!(out.contains("sm_scale: -0.25"), "{out}");
+    assert!(flagged.1 == from_meta.1, "d_index_q differs");
+    let (out, _) = run(&["--sm-scale", "1"]);
+    assert!(out.contains("sm_scale: 1.0"), "the flag wins: {out}");
+    for (flag, value) in [
+        ("--grad-loss", "-inf"),
+        ("--sm-scale", "-inf"),
+        ("--loss-coeff", "-nan"),
+    ] {
+        let (rc, _, err) = run_cli(&[input.as_os_str(), output.as_os_str(), os(flag), os(value)]);
+        assert_eq!(rc, 2, "{flag} {value}: {err}");
+        assert!(err.contains("not finite"), "{flag} {value}: {err}");
+    }
+}
+
+/// An output path with a trailing '/' is refused before anything is
+/// computed, and a run stopped by SIGTERM leaves no temporary file.
+#[test]
+fn bad_output_paths_fail_at_once_and_signals_leave_nothing() {
+    let dir = Scratch::new("paths");
+    let input = dir.at("in.safetensors");
+    write_case(&small_case(KeyIds::Global), &input);
+    let slash = format!("{}/", dir.at("newdir_x").display());
+    let (rc, out, err) = run_cli(&[input.as_os_str(), os(&slash), os("--ids"), os("global")]);
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("ends with '/'"), "{err}");
+    assert!(!out.contains("ran on the"), "computed before refusing");
+    assert_eq!(dir.files(), ["in.safetensors"]);
+
+    // A case that takes the CPU path a while; SIGTERM once the temporary
+    // output exists.
+    let shape = Shape {
+        batch: 1,
+        seq_q: 512,
+        seq_k: 512,
+        heads: 64,
+        head_dim: 128,
+        topk: 256,
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let g = Gen {
+        values: Values::Grid,
+        padding: Padding::NegOne,
+        short_rows: 0.0,
+        trailing: false,
+        duplicates: false,
+        masked: 0.0,
+    };
+    let big = Problem::random(&mut rng, shape, Options::default(), g);
+    let (input, output) = (dir.at("big.safetensors"), dir.at("big-out.safetensors"));
+    write_case(&big, &input);
+    let mut child = Command::new(replay_exe())
+        .args([input.as_os_str(), output.as_os_str(), os("--cpu")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tmp_exists = || dir.files().iter().any(|f| f.contains(".tmp-"));
+    let t = std::time::Instant::now();
+    while !tmp_exists() && t.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(tmp_exists(), "no temporary output appeared");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // The handler is installed before the temporary file is created, and
+    // the CPU path takes seconds on this case: the signal lands mid-run.
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(indexer_tests::io::INTERRUPTED),
+        "{status}"
+    );
+    assert_eq!(
+        dir.files(),
+        ["big.safetensors", "in.safetensors"],
+        "a temporary or partial file stayed"
+    );
 }

@@ -15,14 +15,16 @@
 //! `q_offset` and `grad_loss`) and outputs: `indexer_tests::dense_io`.
 //! Usage errors exit with status 2, every other failure with status 1 and
 //! a message naming the file; the output is written beside OUT and renamed
-//! over it when complete; OUT may not be IN.
+//! over it when complete; OUT may not be IN. `--sm-scale` follows the rule
+//! of `indexer-replay`: the flag, else the file's metadata `sm_scale`, else
+//! 1. Non-finite input values are counted and reported, then propagate.
 
 use clap::{Parser, ValueEnum};
 use dsa_indexer_bwd::cpu::stderr_progress;
 use dsa_indexer_bwd::dense::{self, cpu::HostInputs};
 use dsa_indexer_bwd::{GradDtype, Options};
 use indexer_tests::dense_io::{read_dense_case, serialize_dense_outputs};
-use indexer_tests::io::{OutFile, Res};
+use indexer_tests::io::{case_option, OutFile, Res};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -38,17 +40,18 @@ struct Cli {
     /// Output .safetensors (grad_signal, d_index_q, d_weights, d_index_k).
     output: PathBuf,
     /// Key compression ratio (>= 1).
-    #[arg(long, default_value_t = 1)]
-    ratio: usize,
-    /// Scale of q . k (finite).
-    #[arg(long, default_value_t = 1.0, value_parser = finite, allow_negative_numbers = true)]
-    sm_scale: f32,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..), allow_hyphen_values = true)]
+    ratio: u32,
+    /// Scale of q . k (finite; default: the file's metadata sm_scale,
+    /// else 1).
+    #[arg(long, value_parser = finite, allow_hyphen_values = true)]
+    sm_scale: Option<f32>,
     /// Loss coefficient (finite).
-    #[arg(long, default_value_t = 1.0, value_parser = finite, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1.0, value_parser = finite, allow_hyphen_values = true)]
     loss_coeff: f32,
     /// Upstream gradient of the loss, instead of the file's grad_loss
     /// (default: the file's, else 1.0).
-    #[arg(long, value_parser = finite, allow_negative_numbers = true)]
+    #[arg(long, value_parser = finite, allow_hyphen_values = true)]
     grad_loss: Option<f32>,
     /// Element type of d_index_k.
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
@@ -98,7 +101,7 @@ fn replay(cli: &Cli) -> Res<()> {
     let inp = input.display().to_string();
     std::fs::metadata(input).map_err(|e| format!("{inp}: {e}"))?;
     let out_file = OutFile::create(&cli.output, input)?;
-    let case = read_dense_case(input, cli.ratio)?;
+    let case = read_dense_case(input, cli.ratio as usize)?;
     if !case.unread.is_empty() {
         println!(
             "note: {inp} also holds {} (not read)",
@@ -106,8 +109,21 @@ fn replay(cli: &Cli) -> Res<()> {
         );
     }
     let (grad_loss, from) = case.grad_loss(cli.grad_loss, &inp)?;
+    let finite = |v: &str| v.parse::<f32>().ok().filter(|x| x.is_finite());
+    let (sm_scale, scale_from) = case_option(
+        cli.sm_scale,
+        &case.metadata,
+        "sm_scale",
+        &inp,
+        finite,
+        Some(1.0),
+    )?;
+    println!("options from: sm_scale {scale_from}");
+    for w in case.non_finite_warnings(&inp) {
+        eprintln!("{w}");
+    }
     let opts = Options {
-        sm_scale: cli.sm_scale,
+        sm_scale,
         d_index_k: cli.dk.grad(),
         d_weights: cli.dw.grad(),
         ..Options::default()

@@ -9,6 +9,11 @@
 //!     [--cpu] [--check] [--trust-ids]
 //! ```
 //!
+//! `--ids`, `--sm-scale` and `--log-score` follow one rule, shared with
+//! `indexer-bench --input`: the flag, else the file's metadata (`key_ids`,
+//! `sm_scale`, `score`), else the default; with B > 1 the id convention
+//! has no default (the flag or the metadata must say it).
+//!
 //! Inputs: `index_q` bf16 (B,S_q,H,D), `weights` bf16 (B,S_q,H), `index_k`
 //! bf16 (B,S_k,D), `attn_score` f32 (B,S_q,topk), `index_score` f32,
 //! `topk_indices` i32 or i64 (B,S_q,topk), and optionally `grad_loss` f32
@@ -25,16 +30,18 @@
 //! file beside OUT, created before anything is computed (so an unwritable
 //! location fails at once), and renamed over OUT only when complete: a
 //! failed run leaves an existing OUT as it was. OUT may not be IN. Ids that
-//! look like the other convention (a batch that selects none of its own
-//! keys under `--ids` but mostly valid keys under the other) are an error
-//! unless `--trust-ids`; non-finite input values are counted and reported,
-//! then propagate as SPEC says.
+//! look like the other convention (`io::check_ids`: global ids into another
+//! batch's keys, or a batch of local ids with no valid id but its own keys
+//! as global ids) are an error unless `--trust-ids`; non-finite input
+//! values are counted and reported, then propagate as SPEC says.
 
 use clap::{Parser, ValueEnum};
 use dsa_indexer_bwd::cpu::{self, HostInputs};
 use dsa_indexer_bwd::oneshot;
 use dsa_indexer_bwd::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
-use indexer_tests::io::{check_ids, read_case, serialize_outputs, OutFile, Res};
+use indexer_tests::io::{
+    case_key_ids, case_option, check_ids, read_case, serialize_outputs, OutFile, Res,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -49,20 +56,23 @@ struct Cli {
     /// Output .safetensors (grad_signal, d_index_q, d_weights, d_index_k);
     /// written beside it first and renamed when complete; must not be IN.
     output: PathBuf,
-    /// Convention of topk_indices.
-    #[arg(long, value_enum, default_value_t = IdsArg::Global)]
-    ids: IdsArg,
-    /// Scale of q . k (finite; may be zero or negative).
-    #[arg(long, default_value_t = 1.0, value_parser = finite, allow_negative_numbers = true)]
-    sm_scale: f32,
+    /// Convention of topk_indices (default: the file's metadata key_ids;
+    /// required for B > 1 when the file does not say; global for B = 1).
+    #[arg(long, value_enum)]
+    ids: Option<IdsArg>,
+    /// Scale of q . k (finite; may be zero or negative; default: the
+    /// file's metadata sm_scale, else 1).
+    #[arg(long, value_parser = finite, allow_hyphen_values = true)]
+    sm_scale: Option<f32>,
     /// Loss coefficient (finite).
-    #[arg(long, default_value_t = 1.0, value_parser = finite, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1.0, value_parser = finite, allow_hyphen_values = true)]
     loss_coeff: f32,
     /// Upstream gradient of the loss, instead of the file's grad_loss
     /// (default: the file's, else 1.0).
-    #[arg(long, value_parser = finite, allow_negative_numbers = true)]
+    #[arg(long, value_parser = finite, allow_hyphen_values = true)]
     grad_loss: Option<f32>,
-    /// index_score holds log-probabilities.
+    /// index_score holds log-probabilities (default: the file's metadata
+    /// score, "probs" or "log_probs", else probabilities).
     #[arg(long)]
     log_score: bool,
     /// Element type of d_index_k.
@@ -149,17 +159,33 @@ fn replay(cli: &Cli) -> Res<()> {
         );
     }
     let (grad_loss, from) = case.grad_loss(cli.grad_loss, &inp)?;
+    let m = &case.metadata;
+    let ids = cli.ids.map(|i| match i {
+        IdsArg::Global => KeyIds::Global,
+        IdsArg::Local => KeyIds::Local,
+    });
+    let (key_ids, ids_from) = case_key_ids(ids, m, &shape, &inp)?;
+    let finite = |v: &str| v.parse::<f32>().ok().filter(|x| x.is_finite());
+    let (sm_scale, scale_from) = case_option(cli.sm_scale, m, "sm_scale", &inp, finite, Some(1.0))?;
+    let log_flag = cli.log_score.then_some(ScoreKind::LogProbs);
+    let score_kind = |v: &str| match v {
+        "probs" => Some(ScoreKind::Probs),
+        "log_probs" | "log-probs" => Some(ScoreKind::LogProbs),
+        _ => None,
+    };
+    let (score, score_from) = case_option(
+        log_flag,
+        m,
+        "score",
+        &inp,
+        score_kind,
+        Some(ScoreKind::Probs),
+    )?;
+    println!("options from: key_ids {ids_from}, sm_scale {scale_from}, score {score_from}");
     let opts = Options {
-        sm_scale: cli.sm_scale,
-        key_ids: match cli.ids {
-            IdsArg::Global => KeyIds::Global,
-            IdsArg::Local => KeyIds::Local,
-        },
-        score: if cli.log_score {
-            ScoreKind::LogProbs
-        } else {
-            ScoreKind::Probs
-        },
+        sm_scale,
+        key_ids,
+        score,
         d_index_k: cli.dk.grad(),
         d_weights: cli.dw.grad(),
         backend: match cli.backend {
