@@ -41,6 +41,11 @@ class PlanCache:
                 self._plans.popitem(last=False)
         return plan
 
+    def holds(self, key):
+        """Whether a plan for ``key`` is cached."""
+        with self._lock:
+            return key in self._plans
+
     def clear(self):
         """Drops every plan."""
         with self._lock:

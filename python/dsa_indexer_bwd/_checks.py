@@ -8,6 +8,7 @@ for everything else.
 """
 
 import math
+import numbers
 from typing import NamedTuple
 
 KEY_IDS = ("global", "local")
@@ -260,10 +261,13 @@ def check_grad_loss(grad_loss, device):
     """``grad_loss``: a finite number, or a one-element floating tensor on
     ``device``. Returns ``None`` for a tensor (the caller converts it to
     float32) and the float for a number."""
-    if isinstance(grad_loss, (int, float)) and not isinstance(grad_loss, bool):
+    if isinstance(grad_loss, numbers.Real) and not isinstance(grad_loss, bool):
+        # Python and NumPy scalars alike (NumPy registers its scalar types).
         if not math.isfinite(grad_loss):
             raise ValueError(f"grad_loss must be finite, got {grad_loss}")
         return float(grad_loss)
+    if type(grad_loss).__module__.split(".")[0] == "numpy":
+        return _numpy_grad_loss(grad_loss)
     if not all(hasattr(grad_loss, a) for a in ("shape", "dtype", "device")):
         raise TypeError(
             f"grad_loss: expected a one-element tensor or a number, got {type(grad_loss).__name__}"
@@ -283,6 +287,35 @@ def check_grad_loss(grad_loss, device):
             "all tensors must be on one device"
         )
     return None
+
+
+def check_key_ids(key_ids, dims):
+    """The id convention: ``key_ids`` as given, or ``"global"`` when it is
+    ``None`` and B = 1 (where both conventions read every id alike). With
+    B > 1 it must be given: a wrong guess silently reads other batches' keys."""
+    if key_ids is None:
+        if dims.batch > 1:
+            raise ValueError(
+                f"key_ids: B = {dims.batch}: say which convention topk_indices uses, "
+                "key_ids='global' (rows of the flat (B*S_k, D) keys) or key_ids='local' "
+                "(rows of the query's own batch)"
+            )
+        return "global"
+    return key_ids
+
+
+def _numpy_grad_loss(a):
+    """A one-element floating NumPy array as a float (the number path)."""
+    shape = tuple(getattr(a, "shape", ()))
+    if getattr(a, "size", None) != 1:
+        raise ValueError(f"grad_loss: expected one element, got a numpy array of shape {shape}")
+    kind = getattr(getattr(a, "dtype", None), "kind", None)
+    if kind != "f":
+        raise TypeError(f"grad_loss: expected a floating numpy value, got dtype {a.dtype}")
+    v = float(a.reshape(()))
+    if not math.isfinite(v):
+        raise ValueError(f"grad_loss must be finite, got {v}")
+    return v
 
 
 def check_options(sm_scale, loss_coeff, key_ids, score, d_index_k_dtype, d_weights_dtype, backend):

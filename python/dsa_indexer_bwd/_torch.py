@@ -72,12 +72,13 @@ def indexer_backward(
     *,
     sm_scale=1.0,
     loss_coeff=1.0,
-    key_ids="global",
+    key_ids=None,
     score="probs",
     d_index_k_dtype=torch.float32,
     d_weights_dtype=torch.bfloat16,
     inplace=False,
     backend="auto",
+    trust_ids=False,
 ):
     """Backward of the lightning indexer's KL loss (docs/spec.md of the repository).
 
@@ -89,6 +90,14 @@ def indexer_backward(
     (``score="logprobs"``); ``topk_indices`` int32 or int64 (B, S_q, topk),
     key ids, global rows of ``index_k`` viewed as (B*S_k, D) or rows of the
     query's own batch (``key_ids="local"``), any invalid id being padding.
+    With B = 1 both conventions read every id alike and ``key_ids`` may be
+    left out; with B > 1 it must be given (``"global"`` or ``"local"``), and
+    the ids are checked against it (docs/spec.md, "Key ids": global ids into
+    another batch's keys, or a batch of local ids with no valid id but its own
+    keys as global ids, raise ``ValueError`` naming the batch), on every call
+    with CPU tensors and on the first call of each plan with CUDA tensors
+    (one synchronisation; skipped while a CUDA graph is being captured).
+    ``trust_ids=True`` skips the check.
     ``grad_loss``: the gradient flowing into the loss, a one-element floating
     tensor on the same device (read on the device when the kernels run) or a
     number.
@@ -97,7 +106,12 @@ def indexer_backward(
     d_index_k)``, fresh tensors from ``torch.empty`` on the inputs' device.
     ``attn_score`` is left unchanged: grad_signal is written into a copy of it,
     unless ``inplace=True``, which writes it over ``attn_score`` (saving a
-    (B, S_q, topk) f32 copy) and returns ``attn_score`` as ``grad_signal``.
+    (B, S_q, topk) f32 copy), bumps its version counter as torch's in-place
+    operations do (so a backward through a graph that saved ``attn_score``
+    raises instead of reading grad_signal) and returns ``attn_score.detach()``
+    as ``grad_signal``; an ``attn_score`` that requires grad is refused
+    (``ValueError``) with ``inplace=True``. The returned tensors carry no
+    autograd history.
 
     On CUDA tensors the kernels are queued on the current stream of the
     tensors' device (``torch.cuda.current_stream(device)``) and the call
@@ -122,6 +136,7 @@ def indexer_backward(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     dims, where = _checks.check_tensors(tensors)
+    key_ids = _checks.check_key_ids(key_ids, dims)
     opts = _checks.check_options(
         sm_scale, loss_coeff, key_ids, score, d_index_k_dtype, d_weights_dtype, backend
     )
@@ -129,8 +144,15 @@ def indexer_backward(
     device = index_q.device
     _, _, _, dk_name, dw_name, _ = opts
 
+    if inplace and attn_score.requires_grad:
+        raise ValueError(
+            "attn_score: requires grad; inplace=True would write grad_signal over it "
+            "outside autograd: pass inplace=False (or attn_score.detach())"
+        )
     ids = topk_indices
-    grad_signal = attn_score if inplace else attn_score.clone()
+    if where.type == "cpu" and not trust_ids:
+        _check_id_convention(ids, dims, key_ids)
+    grad_signal = attn_score.detach() if inplace else attn_score.detach().clone()
     d_index_q = torch.empty(index_q.shape, dtype=torch.bfloat16, device=device)
     d_weights = torch.empty(weights.shape, dtype=_DTYPES[dw_name], device=device)
     d_index_k = torch.empty(index_k.shape, dtype=_DTYPES[dk_name], device=device)
@@ -159,13 +181,18 @@ def indexer_backward(
             d_index_k_dtype=dk_name,
             d_weights_dtype=dw_name,
         )
+        if inplace:
+            _written_in_place(attn_score)
         return out
 
     if number is not None:
         gl = torch.full((1,), number, dtype=torch.float32, device=device)
     else:
         gl = grad_loss.reshape(1).to(torch.float32).contiguous()
+    fresh = not _plans.holds((where.index, tuple(dims), opts))
     plan = _plan(where.index, dims, opts)
+    if fresh and not trust_ids and not torch.cuda.is_current_stream_capturing():
+        _check_id_convention(ids, dims, key_ids)
     ws_bytes = plan.workspace_bytes
     workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     # The temporaries (workspace, grad_loss copy) come from
@@ -191,4 +218,58 @@ def indexer_backward(
         dk_name,
         ids.dtype == torch.int64,
     )
+    if inplace:
+        _written_in_place(attn_score)
     return out
+
+
+def _written_in_place(t):
+    """Bumps ``t``'s version counter after the kernels wrote into it, as
+    torch's own in-place operations do: autograd then refuses a backward
+    through a graph that saved ``t`` ("modified by an inplace operation")."""
+    bump = getattr(torch.autograd.graph, "increment_version", None)
+    if bump is not None:
+        bump(t)
+    else:  # torch releases before the public function
+        torch._C._increment_version(t)
+
+
+def _check_id_convention(ids, dims, key_ids):
+    """Raises ``ValueError`` where the ids read as the other convention
+    (docs/spec.md, "Key ids"; the rule of the replay tools), B > 1 only:
+    global ids into another batch's keys, or a batch b >= 1 of local ids
+    with no valid id but at least two distinct ids that are its own keys as
+    global ids. One synchronisation on CUDA tensors."""
+    b, sk = dims.batch, dims.seq_k
+    if b <= 1:
+        return
+    x = ids.reshape(b, -1).to(torch.int64)
+    start = (torch.arange(b, device=x.device) * sk).unsqueeze(1)
+    own = (x >= start) & (x < start + sk)
+    big = torch.iinfo(torch.int64).max
+    if key_ids == "global":
+        foreign = ((x >= 0) & (x < b * sk) & ~own).sum(dim=1)
+        bad = foreign > 0
+    else:
+        valid = ((x >= 0) & (x < sk)).sum(dim=1)
+        other = own & ~((x >= 0) & (x < sk))
+        lo = torch.where(other, x, torch.full_like(x, big)).amin(dim=1)
+        hi = torch.where(other, x, torch.full_like(x, -1)).amax(dim=1)
+        bad = (valid == 0) & (hi > lo)
+        bad[0] = False
+    if not bool(bad.any()):
+        return
+    first = int(bad.nonzero()[0, 0])
+    n = x.shape[1]
+    if key_ids == "global":
+        why = (f"{int(foreign[first])} of its {n} ids are rows of another batch's keys "
+               "as global ids")
+        that = "local"
+    else:
+        why = (f"none of its {n} ids is a valid local id, and "
+               f"{int(other[first].sum())} of them are its own keys as global ids")
+        that = "global"
+    raise ValueError(
+        f"topk_indices: batch {first}: {why}; the ids look like {that} ids: pass "
+        f"key_ids={that!r} (or trust_ids=True to use them as {key_ids} ids)"
+    )

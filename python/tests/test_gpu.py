@@ -159,7 +159,7 @@ class Gpu(unittest.TestCase):
     def test_continuous_values(self):
         dims = SHAPES[0]
         x = make_problem(dims, "global", torch.int32, "probs", "cuda", seed=3, grid=False)
-        out = indexer_backward(*x)
+        out = indexer_backward(*x, key_ids="global")
         torch.cuda.synchronize()
         want = reference(*x, 1.0, 1.0, "global", "probs")
         for name, bound in BOUNDS.items():
@@ -170,7 +170,7 @@ class Gpu(unittest.TestCase):
         x = make_problem(dims, "global", torch.int64, "probs", "cuda", seed=1)
         want = reference(*x, 1.0, 1.0, "global", "probs")
         attn = x[3]
-        out = indexer_backward(*x, inplace=True)
+        out = indexer_backward(*x, inplace=True, key_ids="global")
         torch.cuda.synchronize()
         self.assertEqual(out.grad_signal.data_ptr(), attn.data_ptr())
         self.assertLessEqual(rel_err(attn, want["grad_signal"]), 1e-6)
@@ -193,11 +193,11 @@ class Gpu(unittest.TestCase):
         dims = SHAPES[0]
         x = list(make_problem(dims, "global", torch.int32, "probs", "cuda", seed=4))
         gl = x[6]
-        indexer_backward(*x)  # warm-up: plan built and cached outside capture
+        indexer_backward(*x, key_ids="global")  # warm-up: plan built outside capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = indexer_backward(*x, d_index_k_dtype=torch.float32)
+            out = indexer_backward(*x, key_ids="global", d_index_k_dtype=torch.float32)
         gl.fill_(2.0)
         graph.replay()
         torch.cuda.synchronize()
@@ -260,6 +260,83 @@ class Gpu(unittest.TestCase):
         self.assertLessEqual(rel_err(g.grad_signal.cpu(), c.grad_signal), 1e-6)
         for name in ("d_index_q", "d_weights", "d_index_k"):
             self.assertLessEqual(rel_err(getattr(g, name).cpu(), getattr(c, name)), 1.2e-2, name)
+
+
+class Safety(unittest.TestCase):
+    """What a trainer could get wrong without noticing: the id convention,
+    in-place writes autograd saved, NumPy scalars (CPU tensors, and CUDA ones
+    where there is a GPU)."""
+
+    def devices(self):
+        return ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+    def test_the_id_convention_is_said_and_checked(self):
+        dims = (2, 6, 20, 16, 64, 8)
+        for device in self.devices():
+            dsa_indexer_bwd.clear_plan_cache()
+            with self.subTest(device=device):
+                x = make_problem(dims, "global", torch.int32, "probs", device, seed=7)
+                with self.assertRaisesRegex(ValueError, "key_ids: B = 2"):
+                    indexer_backward(*x)
+                indexer_backward(*x, key_ids="global")
+                # Local ids (padding written as S_k) given as global ids.
+                y = list(make_problem(dims, "local", torch.int32, "probs", device, seed=7))
+                y[5] = y[5].clone()
+                y[5][:, :, 0] = 20
+                # CUDA tensors are checked on a plan's first call.
+                dsa_indexer_bwd.clear_plan_cache()
+                with self.assertRaisesRegex(ValueError, "batch 0: .* another batch's keys"):
+                    indexer_backward(*y, key_ids="global")
+                indexer_backward(*y, key_ids="local")
+                indexer_backward(*y, key_ids="global", trust_ids=True)
+                # Global ids given as local ids: batch 1 would be all padding.
+                dsa_indexer_bwd.clear_plan_cache()
+                with self.assertRaisesRegex(ValueError, "batch 1: none of its 48 ids"):
+                    indexer_backward(*x, key_ids="local")
+                # B = 1: both conventions read every id alike; no key_ids needed.
+                one = make_problem((1, 6, 20, 16, 64, 8), "global", torch.int32, "probs", device)
+                indexer_backward(*one)
+
+    def test_inplace_bumps_the_version_and_outputs_carry_no_history(self):
+        dims = (1, 4, 16, 16, 64, 8)
+        for device in self.devices():
+            with self.subTest(device=device):
+                x = list(make_problem(dims, "global", torch.int32, "probs", device))
+                # attn_score saved by autograd (a product with a leaf).
+                leaf = torch.ones_like(x[3]).requires_grad_()
+                loss = (leaf * x[3]).sum()
+                before = x[3]._version
+                out = indexer_backward(*x, inplace=True)
+                self.assertGreater(x[3]._version, before)
+                with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+                    loss.backward()
+                for name in out._fields:
+                    t = getattr(out, name)
+                    self.assertIsNone(t.grad_fn, name)
+                    self.assertFalse(t.requires_grad, name)
+                # An attn_score that requires grad is refused with inplace=True,
+                # and its copy carries no history with inplace=False.
+                x[3] = x[3].clone().requires_grad_()
+                with self.assertRaisesRegex(ValueError, "attn_score: requires grad"):
+                    indexer_backward(*x, inplace=True)
+                out = indexer_backward(*x)
+                self.assertIsNone(out.grad_signal.grad_fn)
+
+    def test_numpy_grad_loss(self):
+        import numpy as np
+
+        dims = (1, 4, 16, 16, 64, 8)
+        for device in self.devices():
+            with self.subTest(device=device):
+                x = make_problem(dims, "global", torch.int32, "probs", device)
+                want = indexer_backward(*x[:6], 0.75)
+                for gl in (np.float32(0.75), np.array([0.75], np.float32), np.float64(0.75)):
+                    got = indexer_backward(*x[:6], gl)
+                    self.assertTrue(torch.equal(got.d_index_q, want.d_index_q), repr(gl))
+                with self.assertRaisesRegex(ValueError, "one element"):
+                    indexer_backward(*x[:6], np.ones(2, np.float32))
+                with self.assertRaisesRegex(ValueError, "finite"):
+                    indexer_backward(*x[:6], np.float32("inf"))
 
 
 class Cpu(unittest.TestCase):

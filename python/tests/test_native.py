@@ -212,6 +212,51 @@ class Checks(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "grad_loss"):
             _checks.check_grad_loss(True, dev)
 
+    def test_grad_loss_from_numpy(self):
+        """NumPy scalars are numbers (numbers.Real, as Fraction here) and a
+        one-element floating NumPy array is read as its value; NumPy 2
+        arrays have a string `device`, which must not reach the tensor
+        checks."""
+        from fractions import Fraction
+
+        dev = _checks.Device("cuda", 0)
+        self.assertEqual(_checks.check_grad_loss(Fraction(3, 4), dev), 0.75)
+
+        class Kind:
+            def __init__(self, kind):
+                self.kind = kind
+
+            def __str__(self):
+                return "float32" if self.kind == "f" else "int32"
+
+        class Array:
+            """What the checks read of a numpy.ndarray."""
+
+            def __init__(self, values, kind="f"):
+                self.values, self.dtype = values, Kind(kind)
+                self.shape, self.size, self.device = (len(values),), len(values), "cpu"
+
+            def reshape(self, shape):
+                assert shape == () and self.size == 1
+                return self.values[0]
+
+        Array.__module__ = "numpy"
+        self.assertEqual(_checks.check_grad_loss(Array([0.75]), dev), 0.75)
+        with self.assertRaisesRegex(ValueError, "one element, got a numpy array of shape"):
+            _checks.check_grad_loss(Array([1.0, 2.0]), dev)
+        with self.assertRaisesRegex(TypeError, "floating numpy value"):
+            _checks.check_grad_loss(Array([1], kind="i"), dev)
+        with self.assertRaisesRegex(ValueError, "finite"):
+            _checks.check_grad_loss(Array([math.nan]), dev)
+
+    def test_key_ids_must_be_said_for_several_batches(self):
+        one = _checks.Dims(1, 3, 5, 16, 64, 4)
+        two = _checks.Dims(2, 3, 5, 16, 64, 4)
+        self.assertEqual(_checks.check_key_ids(None, one), "global")
+        self.assertEqual(_checks.check_key_ids("local", two), "local")
+        with self.assertRaisesRegex(ValueError, "key_ids: B = 2: say which convention"):
+            _checks.check_key_ids(None, two)
+
     def test_options(self):
         opts = _checks.check_options(0.5, 1, "local", "logprobs", "torch.bfloat16", "float32", "auto")
         self.assertEqual(opts, (0.5, "local", "logprobs", "bfloat16", "float32", "auto"))

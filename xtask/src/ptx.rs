@@ -61,6 +61,14 @@ pub const ARCHS: [Arch; 3] = [
 /// `nvidia-cuda-nvcc` wheel that provides `ptxas` (pinned for reproducible checks).
 pub const PTXAS_PACKAGE: &str = "nvidia-cuda-nvcc==13.0.88";
 
+/// Disk taken by `.venv` with [`PTXAS_PACKAGE`] installed (measured on
+/// Linux x86-64; printed with the install step and in the README).
+pub const PTXAS_VENV_MB: u32 = 315;
+
+/// Disk taken by the pinned nightly with `rust-src` and `llvm-tools`
+/// under `~/.rustup/toolchains` (measured as above).
+pub const NIGHTLY_MB: u32 = 870;
+
 /// LLVM full-unroll threshold used by rustc and by the link step's `opt`.
 pub const UNROLL_THRESHOLD: u32 = 4000;
 
@@ -113,7 +121,7 @@ pub fn ensure_toolchain(nightly: &str) -> Result<PathBuf, String> {
         Some(r) if ready(&r) => {}
         _ => {
             util::step(&format!(
-                "installing {nightly} with rust-src and llvm-tools"
+                "installing {nightly} with rust-src and llvm-tools (about {NIGHTLY_MB} MB under ~/.rustup/toolchains, once)"
             ));
             util::run(Command::new("rustup").args([
                 "toolchain",
@@ -343,7 +351,7 @@ pub fn ensure_ptxas(root: &Path) -> Result<PathBuf, String> {
         return Ok(p);
     }
     util::step(&format!(
-        "installing {PTXAS_PACKAGE} into {}",
+        "installing {PTXAS_PACKAGE} (ptxas) into {} (about {PTXAS_VENV_MB} MB, once)",
         venv.display()
     ));
     util::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
