@@ -97,19 +97,25 @@ fn join(a: Option<Var>, b: Var) -> Var {
 
 /// One instruction.
 #[derive(Debug)]
-struct Inst {
-    line: usize,
-    guard: Option<String>,
-    opcode: String,
-    operands: Vec<String>,
+pub(crate) struct Inst {
+    /// 1-based line in the PTX text.
+    pub(crate) line: usize,
+    /// Guard predicate register (without `!`), if any.
+    pub(crate) guard: Option<String>,
+    /// The opcode with its qualifiers (`tcgen05.ld.sync.aligned...`).
+    pub(crate) opcode: String,
+    /// Operands, split at top-level commas.
+    pub(crate) operands: Vec<String>,
 }
 
 /// A basic block: instructions, then its successors (block indices;
 /// `None` for the function's exit).
 #[derive(Debug, Default)]
-struct Block {
-    insts: Vec<Inst>,
-    succs: Vec<Option<usize>>,
+pub(crate) struct Block {
+    /// Its instructions in order.
+    pub(crate) insts: Vec<Inst>,
+    /// Successor blocks; `None` leaves the function.
+    pub(crate) succs: Vec<Option<usize>>,
 }
 
 /// Checks every function of `ptx`; returns every finding.
@@ -141,7 +147,7 @@ fn declared_name(line: &str, kw: &str) -> Option<String> {
 /// Names of the functions declared `.noreturn` (a call to one ends its
 /// block: LLVM places the next block's code right after such a call, with
 /// no edge between them).
-fn noreturn_functions(ptx: &str) -> Vec<String> {
+pub(crate) fn noreturn_functions(ptx: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut pending: Option<String> = None;
     for raw in ptx.lines() {
@@ -164,7 +170,7 @@ fn noreturn_functions(ptx: &str) -> Vec<String> {
 }
 
 /// Function bodies: (name, [(line, statement)]).
-fn functions(ptx: &str) -> Vec<(String, Vec<(usize, String)>)> {
+pub(crate) fn functions(ptx: &str) -> Vec<(String, Vec<(usize, String)>)> {
     let mut out = Vec::new();
     let mut header: Option<String> = None;
     let mut body: Option<(String, Vec<(usize, String)>)> = None;
@@ -279,7 +285,8 @@ fn label_of(s: &str) -> Option<&str> {
     .then_some(l)
 }
 
-fn blocks(stmts: &[(usize, String)], noreturn: &[String]) -> Vec<Block> {
+/// The basic blocks of a function body ([`functions`]).
+pub(crate) fn blocks(stmts: &[(usize, String)], noreturn: &[String]) -> Vec<Block> {
     let mut blocks: Vec<Block> = vec![Block::default()];
     let mut labels: HashMap<String, usize> = HashMap::new();
     let mut jumps: Vec<(usize, String)> = Vec::new();
