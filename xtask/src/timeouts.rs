@@ -17,7 +17,7 @@
 //! `trap` (or a call to a `.noreturn` function) before any `tcgen05`
 //! instruction other than a fence, and before leaving the function.
 
-use crate::converge::{blocks, functions, noreturn_functions, Block};
+use crate::converge::{blocks, functions, noreturn_functions, reachability, Block};
 
 /// A path from a timed-out wait to a forbidden instruction or the exit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,22 +43,6 @@ fn touches_tensor_memory(opcode: &str) -> bool {
 /// Whether an instruction ends the grid: `trap`.
 fn aborts(opcode: &str) -> bool {
     opcode == "trap"
-}
-
-/// `reach[a][b]`: block `b` is reachable from `a` by one edge or more.
-fn reachability(blocks: &[Block]) -> Vec<Vec<bool>> {
-    let n = blocks.len();
-    let mut reach = vec![vec![false; n]; n];
-    for (a, row) in reach.iter_mut().enumerate() {
-        let mut stack: Vec<usize> = blocks[a].succs.iter().flatten().copied().collect();
-        while let Some(x) = stack.pop() {
-            if !row[x] {
-                row[x] = true;
-                stack.extend(blocks[x].succs.iter().flatten().copied());
-            }
-        }
-    }
-    reach
 }
 
 /// Checks every function of `ptx`. Returns the findings and, per function
