@@ -23,7 +23,7 @@
 mod diagnose;
 mod model;
 
-pub use diagnose::{describe_indices, diagnose, diagnose_smoke, TOL};
+pub use diagnose::{describe_indices, diagnose, diagnose_smoke, timeout_notes, TOL};
 pub use model::{
     probe_inputs, read_back, reference, rows, simulate, small_values, smoke_inputs, smoke_product,
     Gather4Swizzle, M64Lanes, MnStrides, Model, ProbeInputs, ProbeOutput, SwizzleAnchor, HEADS,
@@ -35,7 +35,9 @@ use crate::error::{Error, Result};
 use crate::gpu::{self, PtxModule};
 use crate::launch::sm100;
 use crate::shape::{Backend, Shape};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+};
 use half::bf16;
 use kernels_gpu::params::{
     Sm100ProbeParams, Sm100SmokeParams, TensorMap, PROBE_K_GATHER4, PROBE_Q_TMA,
@@ -181,6 +183,26 @@ fn launch_failed(name: &'static str, why: String) -> ProbeReport {
     }
 }
 
+/// The report detail of a probe whose launch failed: which waits gave up
+/// when the probe's status words (read from host memory after the failure)
+/// say so, else what a fault there points at.
+fn failure_detail(spec: &ProbeSpec, err: &str, status: &[u32; PROBE_STATUS_WORDS]) -> String {
+    let waits = timeout_notes(status);
+    let what = if waits.is_empty() {
+        format!("launch or execution failed: {err}")
+    } else {
+        format!(
+            "{}, so the probe trapped (it neither reads nor frees tensor memory, nor exits, \
+             while the work it waited for may still write) and the launch failed: {err}",
+            waits.join("; ")
+        )
+    };
+    format!(
+        "{what}; {}; the context is unusable after this, so the later probes were not run",
+        launch_hint(spec)
+    )
+}
+
 /// What a failed probe launch points at.
 fn launch_hint(spec: &ProbeSpec) -> &'static str {
     if spec.flags & PROBE_K_GATHER4 != 0 {
@@ -268,28 +290,81 @@ pub fn mma_probes_with(
         ds: stream.clone_htod(&x.ds)?,
     };
     let maps = encode_maps(&stream, &bufs)?;
+    let status = MappedStatus::new(ctx)?;
     let mut reports = Vec::with_capacity(PROBES.len());
     for spec in &PROBES {
         before(spec);
         let run = || -> Result<ProbeOutput> {
             let f = module.load_function(spec.gemm.kernel())?;
             gpu::set_dynamic_smem(&f, SM100_PROBE_SMEM)?;
-            run_probe(&stream, &f, spec, &bufs, maps)
+            run_probe(&stream, &f, spec, &bufs, maps, &status)
         };
         match run() {
             Ok(out) => reports.push(diagnose(spec, &x, &out)),
             Err(e) => {
-                let why = format!(
-                    "launch or execution failed: {e}; {}; the context is unusable after \
-                     this, so the later probes were not run",
-                    launch_hint(spec)
-                );
+                let why = failure_detail(spec, &e.to_string(), &status.read());
                 reports.push(launch_failed(spec.name, why));
                 break;
             }
         }
     }
     Ok(reports)
+}
+
+/// The probes' status words in host-mapped pinned memory: a probe that
+/// gives up on a wait sets its word there and traps, which loses the
+/// context (and with it any device buffer), while host memory stays
+/// readable.
+struct MappedStatus {
+    /// Host address of the words.
+    host: *mut u32,
+    /// Their device address (`Sm100ProbeParams::status`).
+    device: sys::CUdeviceptr,
+}
+
+impl MappedStatus {
+    /// Maps [`PROBE_STATUS_WORDS`] zeroed words for `ctx`'s device.
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        ctx.bind_to_thread()?;
+        let bytes = PROBE_STATUS_WORDS * std::mem::size_of::<u32>();
+        // SAFETY: a fresh pinned allocation of `bytes`, mapped into the
+        // device address space (DEVICEMAP); zeroed before any kernel sees
+        // it; freed by `Drop` (also after a failure: `new` owns it from
+        // here, and a failed pointer query drops it).
+        unsafe {
+            let host = result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP)? as *mut u32;
+            std::ptr::write_bytes(host, 0, PROBE_STATUS_WORDS);
+            let mut m = MappedStatus { host, device: 0 };
+            sys::cuMemHostGetDevicePointer_v2(&mut m.device, host as *mut _, 0).result()?;
+            Ok(m)
+        }
+    }
+
+    /// Zeroes the words (before a launch).
+    fn clear(&self) {
+        for i in 0..PROBE_STATUS_WORDS {
+            // SAFETY: `host` holds PROBE_STATUS_WORDS words for our
+            // lifetime; no kernel runs while the host clears them.
+            unsafe { std::ptr::write_volatile(self.host.add(i), 0) };
+        }
+    }
+
+    /// The words as the device left them (after the launch ended, in
+    /// success or failure).
+    fn read(&self) -> [u32; PROBE_STATUS_WORDS] {
+        // SAFETY: as in `clear`; the device wrote them with a system-scope
+        // fence before trapping, and the launch has ended.
+        std::array::from_fn(|i| unsafe { std::ptr::read_volatile(self.host.add(i)) })
+    }
+}
+
+impl Drop for MappedStatus {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_host` in `new`, freed once. After a
+        // trap the context may refuse; the pinned pages are then released
+        // with the context, so the error is ignored.
+        let _ = unsafe { result::free_host(self.host as *mut _) };
+    }
 }
 
 /// The probes' inputs on the device.
@@ -327,10 +402,13 @@ fn run_probe(
     spec: &ProbeSpec,
     b: &Buffers,
     (k_map, q_map): (TensorMap, TensorMap),
+    status: &MappedStatus,
 ) -> Result<ProbeOutput> {
     let mut out = stream.clone_htod(&vec![HOST_FILL; rows(spec.gemm) * N])?;
     let mut lanes = stream.clone_htod(&vec![HOST_FILL; LANES * N])?;
-    let mut status = stream.alloc_zeros::<u32>(PROBE_STATUS_WORDS)?;
+    // The uploads above are ordered before the launch on `stream`; the
+    // previous probe's launch ended at its synchronization.
+    status.clear();
     {
         let (q, _g0) = b.q.device_ptr(stream);
         let (k, _g1) = b.k.device_ptr(stream);
@@ -338,7 +416,6 @@ fn run_probe(
         let (ds, _g3) = b.ds.device_ptr(stream);
         let (o, _g4) = out.device_ptr_mut(stream);
         let (l, _g5) = lanes.device_ptr_mut(stream);
-        let (s, _g6) = status.device_ptr_mut(stream);
         let p = Sm100ProbeParams {
             k_map,
             q_map,
@@ -348,12 +425,13 @@ fn run_probe(
             ds,
             out: o,
             lanes: l,
-            status: s,
+            status: status.device,
             flags: spec.flags,
             _pad: 0,
         };
         // SAFETY: the buffers have the sizes `Sm100ProbeParams` documents
-        // (cudarc allocations are 256-byte aligned), the ids are distinct
+        // (cudarc allocations are 256-byte aligned; `status` is mapped host
+        // memory of PROBE_STATUS_WORDS words), the ids are distinct
         // rows of `k`, the maps were encoded over `k` and `q` and live in
         // the parameter; one CTA of SM100_PROBE_THREADS with
         // SM100_PROBE_SMEM bytes, which `f` was configured for.
@@ -362,11 +440,10 @@ fn run_probe(
         }
     }
     stream.synchronize()?;
-    let st = stream.clone_dtoh(&status)?;
     Ok(ProbeOutput {
         out: stream.clone_dtoh(&out)?,
         lanes: stream.clone_dtoh(&lanes)?,
-        status: [st[0], st[1]],
+        status: status.read(),
     })
 }
 
@@ -392,6 +469,25 @@ mod tests {
         }
         let names: std::collections::BTreeSet<&str> = PROBES.iter().map(|p| p.name).collect();
         assert_eq!(names.len(), PROBES.len());
+    }
+
+    #[test]
+    fn a_probe_that_gave_up_names_the_wait_and_the_trap() {
+        let spec = PROBES.iter().find(|p| p.name == "s_k_gather4").unwrap();
+        let d = failure_detail(spec, "unspecified launch failure", &[1, 0]);
+        assert!(d.starts_with("the TMA loads"), "{d}");
+        assert!(d.contains("trapped") && d.contains("unspecified launch failure"));
+        assert!(!d.contains("MMA commit"), "{d}");
+        assert!(d.contains("tile::gather4") && d.contains("later probes were not run"));
+        let d = failure_detail(spec, "e", &[0, 1]);
+        assert!(
+            d.starts_with("the MMA commit did not arrive within 2 s"),
+            "{d}"
+        );
+        // No word set: a fault, not a timeout.
+        let d = failure_detail(spec, "e", &[0, 0]);
+        assert!(d.starts_with("launch or execution failed: e"), "{d}");
+        assert!(!d.contains("trapped"), "{d}");
     }
 
     #[test]

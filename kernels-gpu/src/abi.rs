@@ -352,10 +352,13 @@ pub struct Sm100ProbeParams {
     /// `l * 128 + c`, every lane, as `tcgen05.ld.32x32b` returns it (before
     /// the MMA, the kernel fills these cells with [`SM100_PROBE_TMEM_FILL`]).
     pub lanes: u64,
-    /// u32 x [`PROBE_STATUS_WORDS`], zeroed by the host: word
+    /// u32 x [`PROBE_STATUS_WORDS`] in host-mapped memory (the device
+    /// address of a mapped pinned allocation), zeroed by the host: word
     /// [`PROBE_STATUS_TMA`] becomes 1 when the TMA loads did not complete
-    /// within the probe's wait limit (one second), word
-    /// [`PROBE_STATUS_MMA`] when the MMA commit did not arrive.
+    /// within the probe's limit (one second), word [`PROBE_STATUS_MMA`]
+    /// when the MMA commit did not arrive within two. The probe then traps
+    /// (the launch fails and the context is lost), so the host reads the
+    /// words from its own mapping after the failed synchronization.
     pub status: u64,
     /// `PROBE_*` bits.
     pub flags: u32,

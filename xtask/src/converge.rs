@@ -27,6 +27,21 @@
 //!    reconverge).
 //! 3. A collective inside such a region, or guarded by a lane-varying
 //!    predicate, is a finding.
+//! 4. A `.aligned` instruction reached from the exit of a loop whose trip
+//!    count depends on the lane index (its exit branch's predicate varies
+//!    with `%tid`/`%laneid` through arithmetic or lane-indexed loads; a
+//!    barrier poll does not count) is a finding unless every path from the
+//!    exit to it passes a point where the lanes wait for each other:
+//!    `bar.warp.sync` of the full warp, or a non-`.aligned` CTA barrier
+//!    (`barrier.sync`, `barrier.red`, which the ISA makes wait for every
+//!    non-exited lane of the warp). After such a loop the lanes leave at
+//!    different iterations; that ptxas makes them wait for each other at
+//!    the exit is usual but not promised by anything in the PTX, and a
+//!    `.aligned` instruction needs them at the same instruction.
+//!
+//! Registers declared inside a one-line `{ ... }` scope (inline asm) are
+//! renamed per scope first, so that the scopes' shared names (`p`) do not
+//! join into one register.
 
 use std::collections::HashMap;
 
@@ -39,25 +54,46 @@ pub struct Finding {
     pub line: usize,
     /// Its opcode.
     pub opcode: String,
-    /// 1-based line of the lane-dependent branch (or of the instruction
-    /// itself when its own guard predicate is lane-varying).
+    /// 1-based line of the lane-dependent branch (of the instruction
+    /// itself when its own guard predicate is lane-varying; of the loop's
+    /// exit branch for [`Kind::AfterLoop`]).
     pub branch_line: usize,
+    /// Which rule it breaks.
+    pub kind: Kind,
+}
+
+/// The rule a [`Finding`] breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A collective guarded by a lane-varying predicate.
+    Guard,
+    /// A collective between a lane-dependent branch and the point where
+    /// the lanes reconverge (its immediate post-dominator).
+    Region,
+    /// A `.aligned` instruction reached from the exit of a loop whose trip
+    /// count depends on the lane index, with no reconvergence point
+    /// (`bar.warp.sync`, or a CTA barrier of the non-`.aligned` form, both
+    /// of which wait for every lane of the warp) on the way.
+    AfterLoop,
 }
 
 impl std::fmt::Display for Finding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.branch_line == self.line {
-            write!(
+        let (func, line, op, at) = (&self.function, self.line, &self.opcode, self.branch_line);
+        match self.kind {
+            Kind::Guard => write!(
                 f,
-                "{}: line {}: `{}` guarded by a lane-varying predicate",
-                self.function, self.line, self.opcode
-            )
-        } else {
-            write!(
+                "{func}: line {line}: `{op}` guarded by a lane-varying predicate"
+            ),
+            Kind::Region => write!(
                 f,
-                "{}: line {}: `{}` inside the region of the lane-dependent branch at line {}",
-                self.function, self.line, self.opcode, self.branch_line
-            )
+                "{func}: line {line}: `{op}` inside the region of the lane-dependent branch at line {at}"
+            ),
+            Kind::AfterLoop => write!(
+                f,
+                "{func}: line {line}: `{op}` after the loop with a lane-dependent trip count that \
+                 exits at line {at}, with no bar.warp.sync between"
+            ),
         }
     }
 }
@@ -97,19 +133,25 @@ fn join(a: Option<Var>, b: Var) -> Var {
 
 /// One instruction.
 #[derive(Debug)]
-struct Inst {
-    line: usize,
-    guard: Option<String>,
-    opcode: String,
-    operands: Vec<String>,
+pub(crate) struct Inst {
+    /// 1-based line in the PTX text.
+    pub(crate) line: usize,
+    /// Guard predicate register (without `!`), if any.
+    pub(crate) guard: Option<String>,
+    /// The opcode with its qualifiers (`tcgen05.ld.sync.aligned...`).
+    pub(crate) opcode: String,
+    /// Operands, split at top-level commas.
+    pub(crate) operands: Vec<String>,
 }
 
 /// A basic block: instructions, then its successors (block indices;
 /// `None` for the function's exit).
 #[derive(Debug, Default)]
-struct Block {
-    insts: Vec<Inst>,
-    succs: Vec<Option<usize>>,
+pub(crate) struct Block {
+    /// Its instructions in order.
+    pub(crate) insts: Vec<Inst>,
+    /// Successor blocks; `None` leaves the function.
+    pub(crate) succs: Vec<Option<usize>>,
 }
 
 /// Checks every function of `ptx`; returns every finding.
@@ -141,7 +183,7 @@ fn declared_name(line: &str, kw: &str) -> Option<String> {
 /// Names of the functions declared `.noreturn` (a call to one ends its
 /// block: LLVM places the next block's code right after such a call, with
 /// no edge between them).
-fn noreturn_functions(ptx: &str) -> Vec<String> {
+pub(crate) fn noreturn_functions(ptx: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut pending: Option<String> = None;
     for raw in ptx.lines() {
@@ -164,7 +206,7 @@ fn noreturn_functions(ptx: &str) -> Vec<String> {
 }
 
 /// Function bodies: (name, [(line, statement)]).
-fn functions(ptx: &str) -> Vec<(String, Vec<(usize, String)>)> {
+pub(crate) fn functions(ptx: &str) -> Vec<(String, Vec<(usize, String)>)> {
     let mut out = Vec::new();
     let mut header: Option<String> = None;
     let mut body: Option<(String, Vec<(usize, String)>)> = None;
@@ -192,11 +234,16 @@ fn functions(ptx: &str) -> Vec<(String, Vec<(usize, String)>)> {
                 body = Some((name, Vec::new()));
             }
         } else if let Some((_, stmts)) = body.as_mut() {
+            let scoped = scoped_registers(line);
             for s in line.split(';') {
                 let s = s.trim_start_matches(|c: char| c.is_whitespace() || c == '{' || c == '}');
                 let s = s.trim();
                 if !s.is_empty() && !s.starts_with('.') {
-                    stmts.push((i + 1, s.to_string()));
+                    let mut s = s.to_string();
+                    for r in &scoped {
+                        s = rename_register(&s, r, &format!("{r}$scope{}", i + 1));
+                    }
+                    stmts.push((i + 1, s));
                 }
             }
         }
@@ -207,6 +254,55 @@ fn functions(ptx: &str) -> Vec<(String, Vec<(usize, String)>)> {
             }
         }
     }
+    out
+}
+
+/// Registers declared inside a `{ ... }` scope that opens on `line` (the
+/// inline-asm blocks write `{ .reg .pred p; ...; }` on one line). Every
+/// such scope reuses the same names, so the statements of the line get
+/// them renamed apart ([`rename_register`]): otherwise the flow-insensitive
+/// variance would join every scope's `p` into one register.
+fn scoped_registers(line: &str) -> Vec<String> {
+    let Some((_, inner)) = line.split_once('{') else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for decl in inner.split(';') {
+        let Some(rest) = decl.trim().strip_prefix(".reg") else {
+            continue;
+        };
+        // `.reg .type a, b` (no `<n>` ranges inside inline-asm scopes).
+        let rest = rest.trim_start();
+        let list = rest.split_once(char::is_whitespace).map_or("", |(_, l)| l);
+        names.extend(
+            list.split(',')
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty() && !n.contains('<')),
+        );
+    }
+    names
+}
+
+/// `stmt` with every whole-token occurrence of register `from` replaced by
+/// `to` (tokens as [`regs`] splits them).
+fn rename_register(stmt: &str, from: &str, to: &str) -> String {
+    let is_tok =
+        |c: char| c.is_ascii_alphanumeric() || c == '%' || c == '_' || c == '.' || c == '$';
+    let mut out = String::with_capacity(stmt.len());
+    let mut tok = String::new();
+    let flush = |tok: &mut String, out: &mut String| {
+        out.push_str(if tok == from { to } else { tok });
+        tok.clear();
+    };
+    for c in stmt.chars() {
+        if is_tok(c) {
+            tok.push(c);
+        } else {
+            flush(&mut tok, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut tok, &mut out);
     out
 }
 
@@ -279,7 +375,8 @@ fn label_of(s: &str) -> Option<&str> {
     .then_some(l)
 }
 
-fn blocks(stmts: &[(usize, String)], noreturn: &[String]) -> Vec<Block> {
+/// The basic blocks of a function body ([`functions`]).
+pub(crate) fn blocks(stmts: &[(usize, String)], noreturn: &[String]) -> Vec<Block> {
     let mut blocks: Vec<Block> = vec![Block::default()];
     let mut labels: HashMap<String, usize> = HashMap::new();
     let mut jumps: Vec<(usize, String)> = Vec::new();
@@ -346,12 +443,27 @@ fn blocks(stmts: &[(usize, String)], noreturn: &[String]) -> Vec<Block> {
     blocks
 }
 
+/// What counts as a source of lane variance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sources {
+    /// Everything that may differ between lanes: the lane index, and
+    /// values the lanes read or receive separately (atomics, shuffles, MMA
+    /// fragments, barrier polls, clocks, ...).
+    All,
+    /// The lane index alone (`%tid`, `%laneid`, `%lanemask_*`), through
+    /// arithmetic and through loads from addresses computed from it: what
+    /// makes a loop's trip count a function of the lane. Barrier polls and
+    /// clocks count as warp-uniform here.
+    LaneIndex,
+}
+
 /// Variance of the registers an instruction defines, given the current
 /// classes; `None` while an operand's definitions are still unseen.
 fn def_class(
     inst: &Inst,
     class: &HashMap<String, Var>,
     defined: &HashMap<String, ()>,
+    sources: Sources,
 ) -> Option<Var> {
     let op = inst.opcode.as_str();
     let head = op.split('.').next().unwrap_or("");
@@ -359,10 +471,9 @@ fn def_class(
     let class_of = |r: &str| -> Option<Var> {
         match r {
             "%tid.x" | "%tid.y" | "%tid.z" => Some(Var::Tid),
-            _ if r.starts_with("%laneid")
-                || r.starts_with("%lanemask")
-                || r.starts_with("%clock")
-                || r.starts_with("%globaltimer") =>
+            _ if r.starts_with("%laneid") || r.starts_with("%lanemask") => Some(Var::Varying),
+            _ if (r.starts_with("%clock") || r.starts_with("%globaltimer"))
+                && sources == Sources::All =>
             {
                 Some(Var::Varying)
             }
@@ -378,15 +489,23 @@ fn def_class(
     if is_broadcast(inst) {
         return Some(Var::Uniform);
     }
-    // Sources of lane variance whatever their operands.
-    if matches!(
+    // Sources of lane variance whatever their operands (with
+    // `Sources::LaneIndex` they inherit their operands' variance below).
+    let source = matches!(
         head,
         "atom" | "shfl" | "mma" | "wgmma" | "ldmatrix" | "elect" | "activemask" | "match" | "call"
     ) || op.starts_with("tcgen05.ld")
         || op.starts_with("mbarrier.try_wait")
-        || op.starts_with("mbarrier.test_wait")
-    {
+        || op.starts_with("mbarrier.test_wait");
+    if source && sources == Sources::All {
         return Some(Var::Varying);
+    }
+    // A barrier poll answers with the state of one CTA barrier, not with
+    // anything computed from the lane index.
+    if sources == Sources::LaneIndex
+        && (op.starts_with("mbarrier.try_wait") || op.starts_with("mbarrier.test_wait"))
+    {
+        return Some(Var::Uniform);
     }
     // Warp- or CTA-wide results.
     if matches!(head, "vote" | "redux")
@@ -511,7 +630,7 @@ fn defs(inst: &Inst) -> Vec<&str> {
     }
 }
 
-fn variance(blocks: &[Block]) -> HashMap<String, Var> {
+fn variance(blocks: &[Block], sources: Sources) -> HashMap<String, Var> {
     let insts: Vec<&Inst> = blocks.iter().flat_map(|b| &b.insts).collect();
     let mut defined: HashMap<String, ()> = HashMap::new();
     for i in &insts {
@@ -527,7 +646,7 @@ fn variance(blocks: &[Block]) -> HashMap<String, Var> {
             if ds.is_empty() {
                 continue;
             }
-            let Some(c) = def_class(i, &class, &defined) else {
+            let Some(c) = def_class(i, &class, &defined, sources) else {
                 continue;
             };
             for d in ds {
@@ -587,7 +706,7 @@ fn post_dominators(blocks: &[Block]) -> Vec<Vec<bool>> {
 
 fn check_function(name: &str, stmts: &[(usize, String)], noreturn: &[String]) -> Vec<Finding> {
     let blocks = blocks(stmts, noreturn);
-    let class = variance(&blocks);
+    let class = variance(&blocks, Sources::All);
     let varying = |g: &Option<String>| {
         g.as_deref()
             .is_some_and(|g| class.get(g).copied().unwrap_or(Var::Uniform) != Var::Uniform)
@@ -601,6 +720,7 @@ fn check_function(name: &str, stmts: &[(usize, String)], noreturn: &[String]) ->
                     line: i.line,
                     opcode: i.opcode.clone(),
                     branch_line: i.line,
+                    kind: Kind::Guard,
                 });
             }
         }
@@ -634,6 +754,7 @@ fn check_function(name: &str, stmts: &[(usize, String)], noreturn: &[String]) ->
                         line: i.line,
                         opcode: i.opcode.clone(),
                         branch_line: br.line,
+                        kind: Kind::Region,
                     };
                     if !found.iter().any(|g| g.line == f.line) {
                         found.push(f);
@@ -643,7 +764,123 @@ fn check_function(name: &str, stmts: &[(usize, String)], noreturn: &[String]) ->
             stack.extend(blocks[x].succs.iter().flatten().copied());
         }
     }
+    for f in after_lane_loops(name, &blocks) {
+        if !found.iter().any(|g| g.line == f.line) {
+            found.push(f);
+        }
+    }
     found.sort_by_key(|f| f.line);
+    found
+}
+
+/// `reach[a][b]`: block `b` is reachable from block `a` by one edge or
+/// more (so `reach[b][b]` says that `b` lies on a cycle, and `a`, `b` lie
+/// on a common cycle when each reaches the other).
+pub(crate) fn reachability(blocks: &[Block]) -> Vec<Vec<bool>> {
+    let n = blocks.len();
+    let mut reach = vec![vec![false; n]; n];
+    for (a, row) in reach.iter_mut().enumerate() {
+        let mut stack: Vec<usize> = blocks[a].succs.iter().flatten().copied().collect();
+        while let Some(x) = stack.pop() {
+            if !row[x] {
+                row[x] = true;
+                stack.extend(blocks[x].succs.iter().flatten().copied());
+            }
+        }
+    }
+    reach
+}
+
+/// Whether an opcode requires every lane of the warp at the same
+/// instruction: a `.aligned` form, or `bar.sync` / `bar.arrive` /
+/// `bar.red` (which the ISA defines as `barrier.*.aligned`).
+fn is_aligned(opcode: &str) -> bool {
+    let mut parts = opcode.split('.');
+    let head = parts.next().unwrap_or("");
+    let second = parts.next().unwrap_or("");
+    opcode.split('.').any(|p| p == "aligned")
+        || (head == "bar" && matches!(second, "sync" | "arrive" | "red" | "cta"))
+}
+
+/// Whether an instruction makes every lane of the warp wait for all the
+/// others, so that the lanes run on together from it: `bar.warp.sync` of
+/// the full warp, and the non-`.aligned` CTA barriers `barrier.sync` /
+/// `barrier.red` ("wait for all non-exited threads from its warp").
+fn reconverges(inst: &Inst) -> bool {
+    let op = inst.opcode.as_str();
+    if inst.guard.is_some() {
+        return false;
+    }
+    if op == "bar.warp.sync" {
+        return inst
+            .operands
+            .first()
+            .is_some_and(|m| matches!(m.as_str(), "-1" | "0xffffffff" | "0xFFFFFFFF"));
+    }
+    let mut parts = op.split('.');
+    parts.next() == Some("barrier")
+        && !is_aligned(op)
+        && op.split('.').any(|p| p == "sync" || p == "red")
+}
+
+/// `.aligned` instructions reached from the exit of a loop whose trip
+/// count depends on the lane index before a reconvergence point
+/// ([`Kind::AfterLoop`]). Such a loop's lanes leave it at different
+/// iterations; ptxas normally makes them wait for each other at the exit,
+/// but nothing in the PTX requires it to, while a `.aligned` instruction
+/// requires every lane at the same instruction. Loops that exit on a
+/// barrier poll (`mbarrier.try_wait`) are not lane-indexed (every lane
+/// polls the same barrier) and are left to the region check.
+fn after_lane_loops(name: &str, blocks: &[Block]) -> Vec<Finding> {
+    let indexed = variance(blocks, Sources::LaneIndex);
+    let lane_indexed = |g: &Option<String>| {
+        g.as_deref()
+            .is_some_and(|g| indexed.get(g).copied().unwrap_or(Var::Uniform) != Var::Uniform)
+    };
+    let n = blocks.len();
+    let reach = reachability(blocks);
+    let mut found: Vec<Finding> = Vec::new();
+    for (b, block) in blocks.iter().enumerate() {
+        let Some(br) = block.insts.last() else {
+            continue;
+        };
+        if !br.opcode.starts_with("bra") || !lane_indexed(&br.guard) || !reach[b][b] {
+            continue;
+        }
+        // The exits: successors outside the loop (the cycle through `b`).
+        let mut stack: Vec<usize> = block
+            .succs
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&s| !(reach[s][b] && reach[b][s]))
+            .collect();
+        let mut seen = vec![false; n];
+        while let Some(x) = stack.pop() {
+            if std::mem::replace(&mut seen[x], true) {
+                continue;
+            }
+            let mut joined = false;
+            for i in &blocks[x].insts {
+                if reconverges(i) {
+                    joined = true;
+                    break;
+                }
+                if is_aligned(&i.opcode) && !found.iter().any(|f| f.line == i.line) {
+                    found.push(Finding {
+                        function: name.to_string(),
+                        line: i.line,
+                        opcode: i.opcode.clone(),
+                        branch_line: br.line,
+                        kind: Kind::AfterLoop,
+                    });
+                }
+            }
+            if !joined {
+                stack.extend(blocks[x].succs.iter().flatten().copied());
+            }
+        }
+    }
     found
 }
 
@@ -803,6 +1040,92 @@ mod tests {
         ] {
             assert!(!is_collective(op), "{op}");
         }
+    }
+
+    /// The stage-2 prologue's pattern: a store loop strided by the thread
+    /// index (its trip count depends on the lane), then, on a
+    /// warp-uniform branch, `tcgen05.alloc` and
+    /// `relinquish_alloc_permit` (`.sync.aligned`). Nothing collective is
+    /// inside a lane-dependent region, so only the after-loop rule sees
+    /// it.
+    fn lane_loop_then(between: &str, after: &str) -> String {
+        kernel(&format!(
+            "\tmov.u32 %r1, %tid.x;\n\tshl.b32 %r2, %r1, 2;\n$L__BB0_1:\n\tst.shared.b32 [%r2], 0;\n\tadd.s32 %r2, %r2, 1280;\n\tsetp.lt.u32 %p1, %r2, 16384;\n\t@%p1 bra $L__BB0_1;\n{between}\tshr.u32 %r3, %r1, 5;\n\tsetp.ne.s32 %p2, %r3, 9;\n\t@%p2 bra $L__BB0_3;\n{after}\ttcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%r4], 512;\n\ttcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;\n$L__BB0_3:\n\tbarrier.sync 0;\n\tret;\n"
+        ))
+    }
+
+    #[test]
+    fn an_aligned_instruction_after_a_lane_dependent_loop_fails() {
+        let ptx = lane_loop_then("", "");
+        let f = check(&ptx);
+        assert_eq!(f.len(), 2, "{f:?}");
+        let exit = 1 + ptx.lines().position(|l| l.contains("@%p1 bra")).unwrap();
+        assert!(
+            f.iter()
+                .all(|f| f.kind == Kind::AfterLoop && f.branch_line == exit),
+            "{f:?}"
+        );
+        assert!(f[0].opcode.starts_with("tcgen05.alloc"));
+        assert!(f[0].to_string().contains("no bar.warp.sync"), "{}", f[0]);
+        // A partial-warp bar.warp.sync does not bring every lane together.
+        let f = check(&lane_loop_then("", "\tbar.warp.sync 0xffff;\n"));
+        assert_eq!(f.len(), 2, "{f:?}");
+        // An `.aligned` CTA barrier needs the lanes together itself.
+        let f = check(&lane_loop_then("\tbar.sync 0;\n", "\tbar.warp.sync -1;\n"));
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].opcode, "bar.sync");
+    }
+
+    #[test]
+    fn a_reconvergence_point_after_the_loop_passes() {
+        for (between, after) in [
+            ("", "\tbar.warp.sync -1;\n"),
+            ("", "\tbar.warp.sync 0xffffffff;\n"),
+            ("\tbarrier.sync 0;\n", ""),
+        ] {
+            let f = check(&lane_loop_then(between, after));
+            assert_eq!(f, [], "{between:?} {after:?}");
+        }
+    }
+
+    /// Loops whose exit is a barrier poll, or whose trip count is the same
+    /// in every lane, are not lane-indexed loops.
+    #[test]
+    fn wait_loops_and_uniform_loops_before_an_aligned_instruction_pass() {
+        let poll = kernel(&format!(
+            "\tmov.u32 %r6, 0;\n$L__BB0_1:\n\t{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%r5], %r6; selp.u32 %r2, 1, 0, p; }}\n\tsetp.eq.s32 %p1, %r2, 0;\n\t@%p1 bra $L__BB0_1;\n\t{LD}\n\ttcgen05.wait::ld.sync.aligned;\n\tret;\n"
+        ));
+        assert_eq!(check(&poll), []);
+        let uniform = kernel(&format!(
+            "\tmov.u32 %r1, %tid.x;\n\tmov.u32 %r2, 0;\n$L__BB0_1:\n\tst.shared.b32 [%r1], 0;\n\tadd.s32 %r2, %r2, 1;\n\tsetp.lt.u32 %p1, %r2, 12;\n\t@%p1 bra $L__BB0_1;\n\t{LD}\n\tret;\n"
+        ));
+        assert_eq!(check(&uniform), []);
+    }
+
+    /// Each one-line `{ ... }` scope's registers are its own: a lane-varying
+    /// `p` in one scope does not make another scope's `p` lane-varying.
+    #[test]
+    fn scoped_registers_are_renamed_apart() {
+        assert_eq!(
+            scoped_registers("\t{ .reg .pred p; setp.ne.u32 p, %r2, 0; }"),
+            ["p"]
+        );
+        assert_eq!(
+            rename_register("selp.u32 %r2, 1, 0, p", "p", "p$scope7"),
+            "selp.u32 %r2, 1, 0, p$scope7"
+        );
+        assert_eq!(
+            rename_register("popc %p1, p.x, pp", "p", "q"),
+            "popc %p1, p.x, pp"
+        );
+        let ptx = kernel(&format!(
+            "\tmov.u32 %r1, %tid.x;\n\t{{ .reg .pred p; setp.ne.u32 p, %r1, 0; barrier.red.popc.u32 %r7, 0, p; }}\n\tmov.u32 %r6, 0;\n$L__BB0_1:\n\t{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%r5], %r6; selp.u32 %r2, 1, 0, p; }}\n\tsetp.eq.s32 %p1, %r2, 0;\n\t@%p1 bra $L__BB0_1;\n\t{LD}\n\tret;\n"
+        ));
+        let stmts = &functions(&ptx)[0].1;
+        assert!(stmts
+            .iter()
+            .any(|(_, s)| s.contains("selp.u32 %r2, 1, 0, p$scope")));
+        assert_eq!(check(&ptx), []);
     }
 
     /// The committed PTX files pass (`build-ptx` checks freshly built text;

@@ -27,6 +27,8 @@ mod link;
 mod modgraph;
 mod ptx;
 mod python;
+#[cfg(test)]
+mod timeouts;
 mod util;
 
 use std::process::ExitCode;

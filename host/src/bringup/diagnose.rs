@@ -10,7 +10,7 @@ use super::model::{
 };
 use super::{Gemm, ProbeReport, ProbeSpec};
 use half::bf16;
-use kernels_gpu::params::{PROBE_STATUS_MMA, PROBE_STATUS_TMA};
+use kernels_gpu::params::{PROBE_STATUS_MMA, PROBE_STATUS_TMA, PROBE_STATUS_WORDS};
 
 /// Largest error still counted as a match: half the inputs' product step
 /// (1/64). Every probe sum is exact in f32 whatever the order, so a layout
@@ -359,6 +359,20 @@ fn unused_lanes_note(got: &ProbeOutput) -> String {
     }
 }
 
+/// What the probe's status words (`PROBE_STATUS_*`) say: one note per
+/// wait that gave up (the probe kernel then traps, so these come from the
+/// host-mapped words after a failed launch).
+pub fn timeout_notes(status: &[u32; PROBE_STATUS_WORDS]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if status[PROBE_STATUS_TMA] != 0 {
+        notes.push("the TMA loads (gather4 / q tile) did not complete within 1 s".to_string());
+    }
+    if status[PROBE_STATUS_MMA] != 0 {
+        notes.push("the MMA commit did not arrive within 2 s".to_string());
+    }
+    notes
+}
+
 /// The report of probe `spec` from its output `got` (inputs `x`): exact,
 /// or where the wrong elements are and which modelled reading of the
 /// hardware ([`Model::alternatives`]) reproduces the output.
@@ -376,13 +390,7 @@ fn diagnose_with(
 ) -> ProbeReport {
     let want = reference(spec.gemm, x);
     let e = errors(&got.out, &want);
-    let mut notes = Vec::new();
-    if got.status[PROBE_STATUS_TMA] != 0 {
-        notes.push("the TMA loads (gather4 / q tile) did not complete within 1 s".to_string());
-    }
-    if got.status[PROBE_STATUS_MMA] != 0 {
-        notes.push("the MMA commit did not arrive within 1 s".to_string());
-    }
+    let mut notes = timeout_notes(&got.status);
     let grid = Grid {
         rows: rows(spec.gemm),
         cols: N,

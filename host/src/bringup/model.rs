@@ -281,7 +281,9 @@ pub struct ProbeOutput {
     pub out: Vec<u32>,
     /// `LANES x N`: tensor-memory lane `l`, accumulator column `c`.
     pub lanes: Vec<u32>,
-    /// The kernel's status words (`PROBE_STATUS_*`).
+    /// The kernel's status words (`PROBE_STATUS_*`): zero in the output
+    /// of a launch that completed, since a probe that gives up on a wait
+    /// traps (its words are then read after the failed launch).
     pub status: [u32; 2],
 }
 

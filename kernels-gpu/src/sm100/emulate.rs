@@ -8,7 +8,7 @@
 
 use super::budget::{TMEM_DK, TMEM_DQ, TMEM_S};
 use super::desc::{model_kmajor, model_mnmajor, swizzle128};
-use super::gather::{gather4_coords, tma_row, Ids};
+use super::gather::{gather4_coords, row_in_bounds, tma_row, Ids};
 use super::operands::{
     dk_descs, dk_steps, dq_descs, ds_at, gather4_dst, q_at, s_descs, DQ_STEPS, IDESC_DK, IDESC_DQ,
     IDESC_S, S_STEPS,
@@ -144,10 +144,17 @@ fn emulate(p: &Problem) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
                 let slot = 4 * lane as usize + r;
                 valid[slot] = c != oob;
                 key[slot] = if c == oob { -1 } else { c };
-                let row = tma_row(c, oob) as u32;
+                // The TMA unit zero-fills a row outside the map.
+                let row = tma_row(c, oob);
+                let inside = row_in_bounds(row, p.batch * p.seq_k);
                 for d in 0..128u32 {
                     let at = swizzle128(gather4_dst(lane, d / 64) + r as u32 * 128 + (d % 64) * 2);
-                    cta.st(K + at, bf16(p.k[(row * 128 + d) as usize]));
+                    let v = if inside {
+                        p.k[(row as u32 * 128 + d) as usize]
+                    } else {
+                        0.0
+                    };
+                    cta.st(K + at, bf16(v));
                 }
             }
         }
@@ -317,5 +324,65 @@ fn emulated_row_matches_the_spec() {
         );
         assert!(rq.iter().any(|&x| x != 0.0) && rk.iter().any(|&x| x != 0.0));
         assert!(dq.iter().chain(&dw).chain(&dk).all(|x| x.is_finite()));
+    }
+}
+
+/// Key rows that no valid slot of the row selects hold Inf and NaN, key
+/// row 0 among them, and the row has padding slots. The SPEC math never
+/// reads those rows, so every output must be finite and match it: a
+/// padding slot's K row in shared memory has to be zeros (the TMA unit's
+/// fill of an out-of-bounds gather row), since the dQ product multiplies
+/// the slot's zero dS by it and `0 * Inf` is NaN.
+#[test]
+fn padding_slots_read_zeros_not_a_non_finite_key_row_zero() {
+    for (seed, heads, nch, ids) in [
+        (5u64, 64u32, 1u32, Ids::Global),
+        (6, 32, 2, Ids::Local),
+        (7, 64, 3, Ids::Global),
+    ] {
+        let mut p = problem(seed, heads, nch, ids);
+        if ids == Ids::Global {
+            // Slots that select key row 0 become padding (local ids of
+            // batch 1 never reach it).
+            p.slot_ids
+                .iter_mut()
+                .filter(|id| **id == 0)
+                .for_each(|id| *id = -1);
+        }
+        let oob = (p.batch * p.seq_k) as i32;
+        let selected: Vec<i32> = p
+            .slot_ids
+            .chunks(4)
+            .flat_map(|c| gather4_coords(&[c[0], c[1], c[2], c[3]], p.b, p.batch, p.seq_k, p.ids))
+            .filter(|&c| c != oob)
+            .collect();
+        assert!(selected.len() < p.slot_ids.len(), "the row has padding");
+        assert!(!selected.contains(&0), "no valid slot selects key row 0");
+        let poisoned: Vec<u32> = (0..p.batch * p.seq_k)
+            .filter(|&r| !selected.contains(&(r as i32)))
+            .collect();
+        for &r in &poisoned {
+            for d in 0..128 {
+                p.k[(r * 128 + d) as usize] = match d % 3 {
+                    0 => f32::INFINITY,
+                    1 => f32::NAN,
+                    _ => f32::NEG_INFINITY,
+                };
+            }
+        }
+        let (dq, dw, dk) = emulate(&p);
+        let (rq, rw, rk) = reference(&p);
+        assert!(rq.iter().chain(&rw).chain(&rk).all(|x| x.is_finite()));
+        let bad = |v: &[f32]| v.iter().filter(|x| !x.is_finite()).count();
+        assert_eq!(
+            [bad(&dq), bad(&dw), bad(&dk)],
+            [0, 0, 0],
+            "H {heads} chunks {nch} {ids:?}: non-finite dq/dw/dk elements where the SPEC math is finite"
+        );
+        let e = [rel_err(&dq, &rq), rel_err(&dw, &rw), rel_err(&dk, &rk)];
+        assert!(
+            e.iter().all(|&x| x < 1e-5),
+            "H {heads} chunks {nch} {ids:?}: rel errors dq/dw/dk {e:?}"
+        );
     }
 }

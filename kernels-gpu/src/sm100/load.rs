@@ -9,8 +9,11 @@
 //! grad_signal into the stage's metadata, arrives on `FULL[s]` (lane 0 also
 //! expects the stage's 32 KiB), and issues the two `tile::gather4` loads
 //! (D columns 0..64 and 64..128) of its four rows. Padding slots are
-//! marked invalid (-1) in the metadata and gather row 0 (`gather::tma_row`);
-//! the compute and reduce roles mask them out.
+//! marked invalid (-1) in the metadata and gather row -1
+//! (`gather::PAD_ROW`, via `gather::tma_row`), which the TMA unit
+//! zero-fills, so their K rows are zeros and contribute nothing to dQ even
+//! when `index_k` holds non-finite values; the compute and reduce roles
+//! mask them out.
 
 use super::budget::{SM100_CHUNK, SMEM_Q_REGION};
 use super::ctx::Ctx;
@@ -82,10 +85,11 @@ impl<const NCH: u32, const H: u32> LoadWork for Dev<'_, Load<NCH, H>> {
                 tma_row(coords[2], oob),
                 tma_row(coords[3], oob),
             ];
-            for (i, &y) in coords.iter().enumerate() {
+            // The gather row is also the resolved key row of the
+            // metadata: `PAD_ROW` (negative) marks padding there.
+            for (i, &y) in s.rows.iter().enumerate() {
                 let t = 4 * lane + i as u32;
-                let resolved = if y == oob { -1 } else { y };
-                smem::st_u32(c.meta_row(stage, t), resolved as u32);
+                smem::st_u32(c.meta_row(stage, t), y as u32);
                 smem::st_f32(c.meta_gs(stage, t), *s.attn.add(first + i));
             }
         }
@@ -95,8 +99,9 @@ impl<const NCH: u32, const H: u32> LoadWork for Dev<'_, Load<NCH, H>> {
     fn gather_k(&mut self, stage: u32, half: u32, bar: u32, _phase: u32) {
         let c = self.c;
         // SAFETY: K stage `stage` is this role's (the skeleton waited for
-        // its release); the rows are valid map coordinates (`tma_row`);
-        // `bar` expects the bytes.
+        // its release); each row is a row of the map or `PAD_ROW`, whose
+        // box the TMA unit zero-fills and still writes in full (`tma_row`),
+        // so `bar` receives the bytes it expects.
         unsafe {
             tma::gather4(
                 c.k_stage(stage).add(gather4_dst(self.lane, half)),

@@ -26,8 +26,11 @@
 //! every lane is also written out raw (`lanes`), so the host can tell
 //! where the MMA really put each row (and which lanes it left alone)
 //! independently of the lane mapping under test. Barrier waits give up
-//! after `WAIT_LIMIT_NS` and say so in `status`, so a TMA load or MMA
-//! commit that never completes is reported instead of hanging the probe.
+//! after a time limit ([`TMA_WAIT_NS`], [`COMMIT_WAIT_NS`]), so a TMA load
+//! or MMA commit that never completes is reported instead of hanging the
+//! probe: the thread that gives up sets its word of `status` (host-mapped
+//! memory) and traps ([`give_up`]). It never reads or frees tensor memory,
+//! and the CTA never exits, while the work it gave up on may still write.
 
 use super::budget::{
     OFF_DK, OFF_DS, OFF_K, OFF_Q, SM100_CHUNK, SM100_DIM, SM100_HEAD_TILE, SM100_PROBE_SMEM,
@@ -72,9 +75,14 @@ const BAR_TMA: u32 = BAR_MMA + 8;
 const TMEM_SLOT: u32 = BAR_TMA + 8;
 const _: () = assert!(BAR_MMA.is_multiple_of(8) && TMEM_SLOT + 4 <= SM100_PROBE_SMEM);
 
-/// Longest wait on one barrier phase before the probe gives up and
-/// reports it in `status` (the work waited for takes microseconds).
-const WAIT_LIMIT_NS: u64 = 1_000_000_000;
+/// Longest wait for the TMA bytes before the probe gives up (the loads
+/// take microseconds).
+const TMA_WAIT_NS: u64 = 1_000_000_000;
+/// Longest wait for the MMA commit. Every thread but thread 0 starts
+/// waiting while thread 0 may still spend up to [`TMA_WAIT_NS`] on the TMA
+/// bytes before it issues the MMA, so the limit covers both waits (the
+/// MMA itself takes microseconds).
+const COMMIT_WAIT_NS: u64 = 2 * TMA_WAIT_NS;
 
 /// Accumulator column of a GEMM: stage 2's.
 const fn acc_col(g: u32) -> u32 {
@@ -85,26 +93,51 @@ const fn acc_col(g: u32) -> u32 {
     }
 }
 
-/// Waits for phase `parity` of `bar` for at most [`WAIT_LIMIT_NS`];
-/// whether it completed. Both outcomes leave the loop at the same point
-/// (no early exit, no trap), so the collectives after a wait stay outside
-/// lane-dependent control flow; a timeout is reported to the host through
-/// `status` instead.
+/// Waits for phase `parity` of `bar` for at most `limit_ns`; whether it
+/// completed. A caller that gets `false` must [`give_up`].
 ///
 /// # Safety
 /// `bar` is an initialised mbarrier of this CTA.
 #[inline(always)]
-unsafe fn wait_bounded(bar: SmemAddr, parity: u32) -> bool {
+unsafe fn wait_bounded(bar: SmemAddr, parity: u32, limit_ns: u64) -> bool {
     let start = sreg::global_timer_ns();
     loop {
         // SAFETY: forwarded.
         if unsafe { mbarrier::try_wait_parity(bar, parity) } {
             return true;
         }
-        if sreg::global_timer_ns().wrapping_sub(start) > WAIT_LIMIT_NS {
+        if sreg::global_timer_ns().wrapping_sub(start) > limit_ns {
             return false;
         }
     }
+}
+
+/// Ends the probe after a wait that gave up: sets word `word` of the
+/// host-mapped `status` to 1, makes it visible to the host, and traps.
+///
+/// Invariant: the TMA load or MMA that the wait was for may still be in
+/// flight, and may still write this CTA's shared memory (the TMA bytes)
+/// or tensor memory (the accumulator). Reading the accumulator would race
+/// with it; freeing the columns, or letting the CTA exit, would hand that
+/// memory to the next CTA placed on this SM while the write can still
+/// land there. `trap` does neither: it aborts the grid, the launch fails
+/// and the CUDA context stops accepting work, so no later CTA of it runs
+/// (the same end as the watchdog's, `ptx::mbarrier`). The lanes that did
+/// not give up are aborted with it wherever they are, so a trap on some
+/// lanes only leaves no collective waiting for them.
+///
+/// # Safety
+/// `status` is the probe's host-mapped status block of
+/// `PROBE_STATUS_WORDS` words and `word` one of its indices.
+#[inline(always)]
+unsafe fn give_up(status: *mut u32, word: usize) -> ! {
+    // SAFETY: the caller's contract. Several threads may store the same
+    // value to the same word; the host reads it only after the launch
+    // failed.
+    unsafe { global::st_volatile_u32(status.add(word), 1) };
+    // The word reaches the host before the trap ends the grid.
+    global::fence_sc_sys();
+    sync::trap()
 }
 
 /// Copies `rows` rows of `N` bf16 into shared memory by 4-byte stores:
@@ -330,19 +363,19 @@ unsafe fn probe<const G: u32>(p: &Sm100ProbeParams, param_addr: u64) {
     }
     // SAFETY (MMA and read-back): thread 0 sees the TMA bytes land before it
     // issues; everyone waits for the commit before reading the accumulator.
+    // A wait that gives up never reaches the read-back or the dealloc below
+    // (`give_up` traps), since the work it waited for may still write.
     unsafe {
         let status = p.status as *mut u32;
         if tid == 0 {
-            if (k_tma || q_tma) && !wait_bounded(bar_tma, 0) {
-                *status.add(PROBE_STATUS_TMA) = 1;
+            if (k_tma || q_tma) && !wait_bounded(bar_tma, 0, TMA_WAIT_NS) {
+                give_up(status, PROBE_STATUS_TMA);
             }
-            // Issued even after a timeout, so that the commit can still
-            // arrive and the read-back shows what the MMA made of it.
             issue::<G>(base, acc);
             tcgen05::commit(bar_mma);
         }
-        if !wait_bounded(bar_mma, 0) {
-            *status.add(PROBE_STATUS_MMA) = 1;
+        if !wait_bounded(bar_mma, 0, COMMIT_WAIT_NS) {
+            give_up(status, PROBE_STATUS_MMA);
         }
         // The lanes left the spin at different polls; the loads are
         // `.sync.aligned`.

@@ -68,8 +68,9 @@ unsafe fn stage2<const NCH: u32, const H: u32>(p: &GradParams, param_addr: u64) 
         rows: p.batch * p.seq_q,
     };
     // SAFETY (setup): one thread initialises the barriers; every thread
-    // zeroes its share of the q padding; one whole warp allocates tensor
-    // memory; a CTA barrier publishes all of it.
+    // zeroes its share of the q padding; one whole warp, reconverged by
+    // `bar.warp.sync`, allocates tensor memory; a CTA barrier publishes all
+    // of it.
     unsafe {
         if tid == 0 {
             for s in 0..K_STAGES {
@@ -99,6 +100,13 @@ unsafe fn stage2<const NCH: u32, const H: u32>(p: &GradParams, param_addr: u64) 
             bulk::fence_proxy_async_shared();
         }
         if warp == MMA_WARP {
+            // The q padding loop above (H = 32) has a trip count that
+            // depends on the thread index, so the lanes leave it at
+            // different iterations; `alloc` and `relinquish_alloc_permit`
+            // are `.sync.aligned` and need all 32 lanes at the same
+            // instruction, which `bar.warp.sync` guarantees (the PTX
+            // promises nothing about where ptxas reconverges a loop).
+            sync::warp_sync();
             tcgen05::alloc(base.add(TMEM_SLOT), TMEM_ALLOC);
             tcgen05::relinquish_alloc_permit();
         }
