@@ -75,7 +75,7 @@ use dsa_indexer_bwd::{
 };
 use indexer_tests::dense::{DenseDevice, DenseProblem};
 use indexer_tests::dense_io::{read_dense_case, serialize_dense_outputs, DenseCase};
-use indexer_tests::io::{check_ids, read_case, serialize_outputs, OutFile, Res};
+use indexer_tests::io::{case_key_ids, check_ids, read_case, serialize_outputs, OutFile, Res};
 use indexer_tests::report::{
     ceilings_json, dk_name, json_num, markdown, parse_json_lines, plot, point_json, which_computes,
     Ceilings, IdStats, Point, Workload,
@@ -980,23 +980,28 @@ fn dtype_of(v: &str) -> Option<GradDtype> {
 }
 
 /// The options of `--input`: flags, else the file's metadata, else defaults.
-fn input_options(cli: &Cli, m: &HashMap<String, String>, inp: &str) -> Res<(Options, f32)> {
+fn input_options(
+    cli: &Cli,
+    m: &HashMap<String, String>,
+    shape: &Shape,
+    inp: &str,
+) -> Res<(Options, f32)> {
     let finite = |v: &str| v.parse::<f32>().ok().filter(|x| x.is_finite());
     let opts = Options {
         sm_scale: match cli.sm_scale {
             Some(v) => v,
             None => meta(m, "sm_scale", inp, finite)?.unwrap_or(1.0),
         },
-        key_ids: match cli.key_ids {
-            Some(KeyIdsArg::Global) => KeyIds::Global,
-            Some(KeyIdsArg::Local) => KeyIds::Local,
-            None => meta(m, "key_ids", inp, |v| match v {
-                "global" => Some(KeyIds::Global),
-                "local" => Some(KeyIds::Local),
-                _ => None,
-            })?
-            .unwrap_or(KeyIds::Global),
-        },
+        key_ids: case_key_ids(
+            cli.key_ids.map(|k| match k {
+                KeyIdsArg::Global => KeyIds::Global,
+                KeyIdsArg::Local => KeyIds::Local,
+            }),
+            m,
+            shape,
+            inp,
+        )?
+        .0,
         score: match cli.score {
             Some(ScoreArg::Probs) => ScoreKind::Probs,
             Some(ScoreArg::LogProbs) => ScoreKind::LogProbs,
@@ -1042,7 +1047,7 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
             case.unread.join(", ")
         );
     }
-    let (opts, loss_coeff) = input_options(cli, &case.metadata, &inp)?;
+    let (opts, loss_coeff) = input_options(cli, &case.metadata, &shape, &inp)?;
     let (grad_loss, from) = case.grad_loss(cli.grad_loss, &inp)?;
     eprintln!(
         "{}",
