@@ -1027,6 +1027,10 @@ pub fn check_against_reference(p: &Problem, out: &GpuOut) -> Errors {
     compare_with_reference(p, out, GRID_FLOORS).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// How close to SPEC's tolerance the f32/bf16-dS reference's own error may
+/// come before [`within_bounds`] treats the output as ill-conditioned.
+pub const ILL_MARGIN: f64 = 1.25;
+
 /// [`check_against_reference`] without panicking, with the given floors
 /// of the 2x bound: the errors, or what failed.
 pub fn compare_with_reference(p: &Problem, out: &GpuOut, floors: Floors) -> Result<Errors, String> {
@@ -1052,12 +1056,15 @@ pub fn compare_with_reference(p: &Problem, out: &GpuOut, floors: Floors) -> Resu
 /// and at most 2x the f32/bf16-dS reference's error `e32` (or 2x its
 /// floor); `ctx` describes the case in the message.
 ///
-/// An output whose f32 reference itself misses `tol` is ill-conditioned:
-/// its exact value cancels to the rounding level of the f32 inputs (every
-/// slot of a row holding the same key: the slots' grad_signal sums to
-/// zero, and so do its dQ, dK and d_weights contributions), so no f32
-/// computation meets a relative bound against it. There only the 2x bound
-/// applies; a wrong value still fails it by orders of magnitude.
+/// An output whose f32 reference itself comes within [`ILL_MARGIN`] of
+/// `tol` (or misses it) is ill-conditioned: its exact value cancels to the
+/// rounding level of the f32 inputs (every slot of a row holding the same
+/// key: the slots' grad_signal sums to zero, and so do its dQ, dK and
+/// d_weights contributions), so the rounding of dS alone nearly reaches
+/// the bound, and the GPU's other summation order carries it past about
+/// half the time (seen: f32 reference 7.998e-3, GPU 8.048e-3 against
+/// 8e-3). There only the 2x bound applies; a wrong value still fails it by
+/// orders of magnitude.
 pub fn within_bounds(
     e: &Errors,
     e32: &Errors,
@@ -1080,7 +1087,7 @@ pub fn within_bounds(
         if !got.is_finite() {
             return Err(format!("{name}: non-finite output; {ctx}"));
         }
-        let ill_conditioned = f32e.is_finite() && f32e > tol;
+        let ill_conditioned = f32e.is_finite() && f32e * ILL_MARGIN > tol;
         if got > tol && !ill_conditioned {
             return Err(format!("{name}: error {got:.3e} > {tol:.1e}; {ctx}"));
         }
@@ -1145,6 +1152,10 @@ mod tests {
         // 2x bound alone.
         assert!(within_bounds(&errs(1.0), &errs(1.0), &tol, floors, "").is_ok());
         assert!(within_bounds(&errs(2.5), &errs(1.0), &tol, floors, "").is_err());
+        // Within ILL_MARGIN of the tolerance counts as ill-conditioned (a
+        // case seen on the H200), further below does not.
+        assert!(within_bounds(&errs(8.048e-3), &errs(7.998e-3), &tol, floors, "").is_ok());
+        assert!(within_bounds(&errs(8.1e-3), &errs(6.3e-3), &tol, floors, "").is_err());
         // Non-finite always fails; a non-finite f32 reference error is no
         // reason to drop the tolerance.
         assert!(within_bounds(&errs(f64::NAN), &errs(1.0), &tol, floors, "").is_err());
