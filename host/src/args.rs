@@ -339,7 +339,7 @@ pub(crate) fn input<'a, T>(
 
 /// `topk_indices` of element type `I`: `expected` ids, aligned to the
 /// element (4 bytes for i32, 8 for i64: the kernels read each id whole).
-fn ids_input<'a, I: TopkId>(
+pub(crate) fn ids_input<'a, I: TopkId>(
     v: &'a CudaView<'_, I>,
     stream: &'a CudaStream,
     expected: usize,

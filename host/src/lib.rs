@@ -74,6 +74,7 @@ pub mod cpu;
 pub mod dense;
 mod error;
 mod events;
+pub mod forward;
 pub mod gpu;
 mod launch;
 mod modules;

@@ -151,7 +151,12 @@ pub(crate) fn get(ctx: &Arc<CudaContext>, which: PtxModule) -> Result<Arc<Loaded
 /// smoke tests, ceilings, probes).
 fn launched_by_plans(param: Param) -> bool {
     match param {
-        Param::Grad | Param::Cast | Param::Dense | Param::DenseTile | Param::Sm100Stage2 => true,
+        Param::Grad
+        | Param::Cast
+        | Param::Dense
+        | Param::DenseTile
+        | Param::Sm100Stage2
+        | Param::Fwd => true,
         Param::Smoke | Param::Ceil | Param::Sm100Smoke | Param::Sm100Probe | Param::Tag => false,
     }
 }

@@ -48,6 +48,12 @@ pub const FLAG_IDS_I64: u32 = 1 << 5;
 /// (no dispatch test, no row kernel after it) and overwrites both with
 /// its outputs.
 pub const FLAG_UNION: u32 = 1 << 6;
+/// Flag bit in [`FwdParams::flags`]: dense mode's forward (the columns of
+/// row `r` are its keys `key_start[r] + j` for `j < visible[r]`, written as
+/// raw logits, 0 past them); otherwise sparse (ids in `topk_indices`, the
+/// row's softmax written, as probabilities or, with [`FLAG_LOG_SCORE`],
+/// log-probabilities).
+pub const FLAG_FWD_DENSE: u32 = 1 << 7;
 /// Slots per chunk of the count [`FLAG_ROW_CHUNKS`] asks for (the wgmma
 /// kernel's chunk).
 pub const ROW_CHUNK_SLOTS: u32 = 64;
@@ -118,6 +124,49 @@ pub struct GradParams {
     /// for one H do not read it; stage 1, which serves every H, finds each
     /// row's `d_weights` block with it for [`FLAG_ROW_CHUNKS`]).
     pub heads: u32,
+}
+
+/// Parameters of the forward kernels (`forward`): one CTA per query row.
+/// Flags: [`FLAG_LOCAL_IDS`], [`FLAG_IDS_I64`], [`FLAG_LOG_SCORE`] (sparse
+/// output as log-probabilities), [`FLAG_FWD_DENSE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FwdParams {
+    /// `index_q`, bf16 `(rows, H, D)`, 16-byte aligned.
+    pub index_q: u64,
+    /// `weights`, bf16 `(rows, H)`.
+    pub weights: u64,
+    /// `index_k`, bf16 `(key rows, D)`, 16-byte aligned.
+    pub index_k: u64,
+    /// Sparse: `topk_indices`, i32 or i64 ([`FLAG_IDS_I64`], then 8-byte
+    /// aligned) `(rows, cols)`. Dense: unused (0).
+    pub topk_indices: u64,
+    /// Dense: u32 `(rows,)`, each row's visible key count (`<= cols`).
+    pub visible: u64,
+    /// Dense: u32 `(rows,)`, the key row of each row's column 0.
+    pub key_start: u64,
+    /// f32 `(rows, cols)`, written: probabilities, log-probabilities or
+    /// (dense) raw logits.
+    pub score: u64,
+    /// f32 `(rows,)`, written: each row's log-sum-exp over its valid slots
+    /// (`-inf` for a row with none).
+    pub lse: u64,
+    /// Query rows (the grid), `B * S_q`.
+    pub rows: u32,
+    /// Query rows per batch (sparse: the batch of a row for local ids).
+    pub seq_q: u32,
+    /// Key rows per batch.
+    pub seq_k: u32,
+    /// Slots (sparse: topk) or columns (dense) per row.
+    pub cols: u32,
+    /// Batch size B (sparse: global ids are valid below `B * S_k`).
+    pub batch: u32,
+    /// Scale applied to `q . k`.
+    pub sm_scale: f32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// Keeps the struct a multiple of 8 bytes on both sides.
+    pub _pad: u32,
 }
 
 /// Parameters of the dense mode's stage-1 kernel

@@ -43,6 +43,7 @@ macro_rules! sm90a_modules {
 
 pub mod abi;
 pub mod dense_wg;
+pub mod forward;
 pub mod params;
 pub mod registry;
 pub mod sched;

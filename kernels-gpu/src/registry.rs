@@ -14,7 +14,7 @@
 //! This module uses only [`crate::abi`]; kernel modules may use it.
 
 use crate::abi::{
-    CastParams, CeilParams, DenseParams, DenseTileParams, GradParams, Sm100Params,
+    CastParams, CeilParams, DenseParams, DenseTileParams, FwdParams, GradParams, Sm100Params,
     Sm100ProbeParams, Sm100SmokeParams, SmokeParams, CAST_THREADS, CEIL_BULK_THREADS,
     DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, SM100_PROBE_THREADS, SM100_SMOKE_THREADS,
     SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS, WATCHDOG_PROBE_THREADS,
@@ -104,6 +104,8 @@ pub enum Param {
     Dense,
     /// [`DenseTileParams`].
     DenseTile,
+    /// [`FwdParams`].
+    Fwd,
 }
 
 impl Param {
@@ -121,6 +123,7 @@ impl Param {
             Param::Tag => size_of::<u32>(),
             Param::Dense => size_of::<DenseParams>(),
             Param::DenseTile => size_of::<DenseTileParams>(),
+            Param::Fwd => size_of::<FwdParams>(),
         }
     }
 }
@@ -440,6 +443,65 @@ pub const SM90_WG_H128_D64: Kernel = k(
     Targets::SM90A,
 );
 
+/// A forward kernel (`forward`): one CTA of one warpgroup per query row,
+/// always launched with exactly its 128 threads; two resident CTAs per SM
+/// (the layouts fit them, `forward::CTAS_PER_SM`).
+const fn fwd(name: &'static str, targets: Targets) -> Kernel {
+    k(
+        name,
+        Param::Fwd,
+        FWD_THREADS,
+        Bounds::Exact { min_ctas: 2 },
+        targets,
+    )
+}
+/// Threads per CTA of the forward kernels (`forward::THREADS`).
+pub const FWD_THREADS: u32 = 128;
+
+/// The wgmma forward kernels (sm_90a), in [`SUPPORTED_HEADS`] x
+/// [`SUPPORTED_DIMS`] order.
+pub const FWD_WG: [Kernel; 8] = [
+    fwd("indexer_fwd_wg_h16_d64", Targets::SM90A),
+    fwd("indexer_fwd_wg_h16_d128", Targets::SM90A),
+    fwd("indexer_fwd_wg_h32_d64", Targets::SM90A),
+    fwd("indexer_fwd_wg_h32_d128", Targets::SM90A),
+    fwd("indexer_fwd_wg_h64_d64", Targets::SM90A),
+    fwd("indexer_fwd_wg_h64_d128", Targets::SM90A),
+    fwd("indexer_fwd_wg_h128_d64", Targets::SM90A),
+    fwd("indexer_fwd_wg_h128_d128", Targets::SM90A),
+];
+
+/// The portable forward kernels (every PTX file), in the order of
+/// [`FWD_WG`].
+pub const FWD_ROWS: [Kernel; 8] = [
+    fwd("indexer_fwd_rows_h16_d64", Targets::ALL),
+    fwd("indexer_fwd_rows_h16_d128", Targets::ALL),
+    fwd("indexer_fwd_rows_h32_d64", Targets::ALL),
+    fwd("indexer_fwd_rows_h32_d128", Targets::ALL),
+    fwd("indexer_fwd_rows_h64_d64", Targets::ALL),
+    fwd("indexer_fwd_rows_h64_d128", Targets::ALL),
+    fwd("indexer_fwd_rows_h128_d64", Targets::ALL),
+    fwd("indexer_fwd_rows_h128_d128", Targets::ALL),
+];
+
+/// The forward kernel for `heads` x `dim` (`wgmma`: the sm_90a one, else
+/// the portable one), or `None` outside the envelope.
+pub const fn fwd_kernel(heads: u32, dim: u32, wgmma: bool) -> Option<Kernel> {
+    let mut i = 0;
+    while i < SUPPORTED_HEADS.len() {
+        let mut j = 0;
+        while j < SUPPORTED_DIMS.len() {
+            if SUPPORTED_HEADS[i] == heads && SUPPORTED_DIMS[j] == dim {
+                let at = i * SUPPORTED_DIMS.len() + j;
+                return Some(if wgmma { FWD_WG[at] } else { FWD_ROWS[at] });
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+    None
+}
+
 /// The toolchain smoke kernel (mbarrier, shared memory).
 pub const SMOKE: Kernel = k(
     "smoke_mbarrier_reverse",
@@ -568,7 +630,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 41] = [
+pub const KERNELS: [Kernel; 57] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -610,6 +672,22 @@ pub const KERNELS: [Kernel; 41] = [
     SM100_PROBE_DQ_K,
     SM100_PROBE_DK_K,
     WATCHDOG_PROBE,
+    FWD_WG[0],
+    FWD_WG[1],
+    FWD_WG[2],
+    FWD_WG[3],
+    FWD_WG[4],
+    FWD_WG[5],
+    FWD_WG[6],
+    FWD_WG[7],
+    FWD_ROWS[0],
+    FWD_ROWS[1],
+    FWD_ROWS[2],
+    FWD_ROWS[3],
+    FWD_ROWS[4],
+    FWD_ROWS[5],
+    FWD_ROWS[6],
+    FWD_ROWS[7],
 ];
 
 /// The entry named `name`, if any.
@@ -706,6 +784,22 @@ mod tests {
         }
         assert!(grad_kernel_name(48, 128).is_none());
         assert!(grad_kernel_name(64, 96).is_none());
+    }
+
+    #[test]
+    fn every_supported_shape_has_forward_kernels() {
+        for h in SUPPORTED_HEADS {
+            for d in SUPPORTED_DIMS {
+                let wg = fwd_kernel(h, d, true).expect("supported shape");
+                let rows = fwd_kernel(h, d, false).expect("supported shape");
+                assert_eq!(wg.name, std::format!("indexer_fwd_wg_h{h}_d{d}"));
+                assert_eq!(rows.name, std::format!("indexer_fwd_rows_h{h}_d{d}"));
+                assert!(wg.in_ptx(Target::Sm90a) && !wg.in_ptx(Target::Sm90));
+                assert!(rows.in_ptx(Target::Sm90) && rows.in_ptx(Target::Sm100f));
+                assert_eq!(wg.threads, FWD_THREADS);
+            }
+        }
+        assert!(fwd_kernel(48, 128, true).is_none());
     }
 
     #[test]

@@ -1027,6 +1027,33 @@ pub fn check_against_reference(p: &Problem, out: &GpuOut) -> Errors {
     compare_with_reference(p, out, GRID_FLOORS).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Relative Frobenius error of the finite entries of `got` against
+/// `want`, after checking that the GPU's
+/// non-finite entries are exactly where the reference's are (with the same
+/// value for infinities: padding's `-inf`, empty rows' lse).
+pub fn finite_rel_err(name: &str, got: &[f32], want: &[f64]) -> Result<f64, String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{name}: {} values, expected {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let (mut g, mut w) = (Vec::new(), Vec::new());
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        if b.is_finite() {
+            if !a.is_finite() {
+                return Err(format!("{name}[{i}]: {a}, expected {b}"));
+            }
+            g.push(a as f64);
+            w.push(b);
+        } else if b.is_nan() != a.is_nan() || (b.is_infinite() && a as f64 != b) {
+            return Err(format!("{name}[{i}]: {a}, expected {b}"));
+        }
+    }
+    Ok(rel_err(&g, &w))
+}
+
 /// How close to SPEC's tolerance the f32/bf16-dS reference's own error may
 /// come before [`within_bounds`] treats the output as ill-conditioned.
 pub const ILL_MARGIN: f64 = 1.25;

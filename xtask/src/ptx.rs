@@ -500,6 +500,24 @@ fn dynamic_smem(kernel: &str) -> String {
         Param::Ceil if *k == registry::CEIL_SCATTER_BULK_K => {
             kernels_gpu::abi::CEIL_BULK_SMEM_BYTES
         }
+        Param::Fwd => {
+            let shape = SUPPORTED_HEADS
+                .into_iter()
+                .flat_map(|h| SUPPORTED_DIMS.map(|d| (h, d)))
+                .find_map(|(h, d)| {
+                    if registry::fwd_kernel(h, d, true) == Some(*k) {
+                        Some(kernels_gpu::forward::smem(h, d).bytes)
+                    } else if registry::fwd_kernel(h, d, false) == Some(*k) {
+                        Some(kernels_gpu::forward::rows_smem(h, d).bytes)
+                    } else {
+                        None
+                    }
+                });
+            match shape {
+                Some(bytes) => bytes,
+                None => return "-".into(),
+            }
+        }
         Param::Cast | Param::Ceil => return "-".into(),
     };
     bytes.to_string()

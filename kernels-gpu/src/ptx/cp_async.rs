@@ -73,6 +73,16 @@ pub fn wait_all() {
     unsafe { asm!("cp.async.wait_all;", options(nostack)) }
 }
 
+/// `cp.async.wait_group N`: waits until at most `N` of this thread's most
+/// recently committed groups are still pending (the older ones are then
+/// complete and visible to this thread; a barrier makes them visible to
+/// the CTA).
+#[inline(always)]
+pub fn wait_group<const N: u32>() {
+    // SAFETY: no operands but an immediate; a wait.
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) }
+}
+
 /// `cp.async.mbarrier.arrive.noinc.shared.b64 [bar]`: an arrival on `bar`
 /// once every `cp.async` this thread issued before has completed (their
 /// bytes then visible to the threads that wait on the phase). `.noinc`:

@@ -618,3 +618,149 @@ pub fn pin_m64n64(acc: &mut [f32; 32]) {
     // SAFETY: an empty template; the registers pass through unchanged.
     unsafe { asm_acc32!(acc, [concat!("// pinned ", regs32!())],) }
 }
+
+/// The accumulator list of an `m64n16` tile in a template: `{d0, ..., d7}`.
+macro_rules! regs8 {
+    () => {
+        "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}}}"
+    };
+}
+
+/// `asm!` with the 8 accumulator registers of an `m64n16` tile as its
+/// first operands `d0`..`d7` (in/out), then the given ones, then
+/// `options(nostack)`.
+macro_rules! asm_acc8 {
+    ($acc:expr, [$($t:expr),* $(,)?], $($op:tt)*) => {
+        asm!(
+            $($t),*,
+            d0 = inout(reg32) $acc[0],
+            d1 = inout(reg32) $acc[1],
+            d2 = inout(reg32) $acc[2],
+            d3 = inout(reg32) $acc[3],
+            d4 = inout(reg32) $acc[4],
+            d5 = inout(reg32) $acc[5],
+            d6 = inout(reg32) $acc[6],
+            d7 = inout(reg32) $acc[7],
+            $($op)*
+            options(nostack),
+        )
+    };
+}
+
+/// The K chain of the forward's `S^T = K q^T` on an `m64nN` accumulator
+/// list: A (a K chunk, [`crate::forward::CHUNK`] rows) and B (a q tile, N
+/// rows) both K-major in 64-column swizzle blocks, step `k` of a block
+/// `32 k` bytes into each row; with K = 128 the second blocks start at
+/// `{a1}` / `{b1}`. Committed and waited for.
+macro_rules! fwd_chain {
+    ($shape:literal, $regs:expr, k64) => {
+        concat!(
+            open_chain!(),
+            mma!($shape, $regs, "{a0}", "{b0}", 0, 0),
+            "\n",
+            step!($shape, $regs, "{a0}", 2, "{b0}", 2, 0, 0),
+            "\n",
+            step!($shape, $regs, "{a0}", 4, "{b0}", 4, 0, 0),
+            "\n",
+            step!($shape, $regs, "{a0}", 6, "{b0}", 6, 0, 0),
+            "\n",
+        )
+    };
+    ($shape:literal, $regs:expr, k128) => {
+        concat!(
+            fwd_chain!($shape, $regs, k64),
+            mma!($shape, $regs, "{a1}", "{b1}", 0, 0),
+            "\n",
+            step!($shape, $regs, "{a1}", 2, "{b1}", 2, 0, 0),
+            "\n",
+            step!($shape, $regs, "{a1}", 4, "{b1}", 4, 0, 0),
+            "\n",
+            step!($shape, $regs, "{a1}", 6, "{b1}", 6, 0, 0),
+            "\n",
+        )
+    };
+}
+
+/// One forward product wrapper: `D(64 x N) += A(64 x K) B(K x N)` on the
+/// tile's accumulators, issued, committed and waited for in one `asm!`.
+macro_rules! fwd_product {
+    ($(#[$doc:meta])* $name:ident, $acc_ty:ty, $shape:literal, $regs:ident, $asm:ident, $k:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// All 128 threads of the warpgroup execute it together
+        /// (`.sync.aligned`); the descriptors describe 1024-byte aligned,
+        /// 128-byte swizzled K-major tiles inside the launch's shared
+        /// memory covering every K step (`a1`/`b1` unused with K = 64),
+        /// whose generic-proxy writes were made visible by
+        /// `fence.proxy.async.shared::cta` and a barrier; no other wgmma
+        /// group is in flight (the wait drains all).
+        #[inline(always)]
+        pub unsafe fn $name(acc: &mut $acc_ty, a0: u64, b0: u64, a1: u64, b1: u64) {
+            // SAFETY: forwarded from the caller. The asm waits for its own
+            // group, so the accumulators are final when it returns. Not
+            // `pure`/`nomem`: it reads shared memory and is
+            // warpgroup-collective.
+            unsafe {
+                $asm!(
+                    acc,
+                    [
+                        fwd_chain!($shape, $regs!(), $k),
+                        close_chain!(),
+                        "wgmma.wait_group.sync.aligned 0;",
+                        // Names the second blocks (a PTX comment): unused
+                        // by the K = 64 chain.
+                        "// {a1} {b1}",
+                    ],
+                    a0 = in(reg64) a0,
+                    b0 = in(reg64) b0,
+                    a1 = in(reg64) a1,
+                    b1 = in(reg64) b1,
+                )
+            }
+        }
+    };
+}
+
+fwd_product!(
+    /// The forward's product for H = 16, D = 64: four `m64n16k16` steps.
+    fwd_m64n16_k64, [f32; 8], "m64n16k16", regs8, asm_acc8, k64
+);
+fwd_product!(
+    /// The forward's product for H = 16, D = 128: eight `m64n16k16` steps.
+    fwd_m64n16_k128, [f32; 8], "m64n16k16", regs8, asm_acc8, k128
+);
+fwd_product!(
+    /// The forward's product for H = 32, D = 64: four `m64n32k16` steps.
+    fwd_m64n32_k64, [f32; 16], "m64n32k16", regs16, asm_acc16, k64
+);
+fwd_product!(
+    /// The forward's product for H = 32, D = 128: eight `m64n32k16` steps.
+    fwd_m64n32_k128, [f32; 16], "m64n32k16", regs16, asm_acc16, k128
+);
+fwd_product!(
+    /// The forward's product for H = 64, D = 64: four `m64n64k16` steps.
+    fwd_m64n64_k64, [f32; 32], "m64n64k16", regs32, asm_acc32, k64
+);
+fwd_product!(
+    /// The forward's product for H = 64, D = 128: eight `m64n64k16` steps.
+    fwd_m64n64_k128, [f32; 32], "m64n64k16", regs32, asm_acc32, k128
+);
+
+/// `asm_acc64` on one `[[f32; 32]; 2]` accumulator (the `m64n128` tile's
+/// first and last 64 columns).
+macro_rules! asm_acc64_pair {
+    ($acc:expr, [$($t:expr),* $(,)?], $($op:tt)*) => {{
+        let [d0, d1] = $acc;
+        asm_acc64!(d0, d1, [$($t),*], $($op)*)
+    }};
+}
+
+fwd_product!(
+    /// The forward's product for H = 128, D = 64: four `m64n128k16` steps.
+    fwd_m64n128_k64, [[f32; 32]; 2], "m64n128k16", regs64, asm_acc64_pair, k64
+);
+fwd_product!(
+    /// The forward's product for H = 128, D = 128: eight `m64n128k16` steps.
+    fwd_m64n128_k128, [[f32; 32]; 2], "m64n128k16", regs64, asm_acc64_pair, k128
+);

@@ -285,7 +285,142 @@ fn main() {
             e.d_index_k
         );
     }
-    println!("indexer-sanitize: {} cases ok", cases.len() + dense.len());
+    let fwd = forward_cases(&ctx);
+    println!(
+        "indexer-sanitize: {} cases ok",
+        cases.len() + dense.len() + fwd
+    );
+}
+
+/// The forward kernels: the wgmma and the portable kernel on a sparse
+/// problem (local i64 ids with padding, log-probabilities, topk past two
+/// chunks) and on a dense packed one, each checked against the reference.
+fn forward_cases(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> usize {
+    use dsa_indexer_bwd::forward::{self, cpu, Kernel};
+    let stream = ctx.default_stream();
+    let mut n = 0;
+    for kernel in [Kernel::Auto, Kernel::Portable] {
+        let s = shape(2, 9, 90, 32, 128, 150);
+        let bopts = opts(
+            KeyIds::Local,
+            ScoreKind::LogProbs,
+            GradDtype::F32,
+            GradDtype::Bf16,
+        );
+        let mut rng = StdRng::seed_from_u64(0xf0 + n as u64);
+        let mut p = Problem::random(&mut rng, s, bopts, gen(Padding::OutOfRange, false));
+        p.widen_ids(&mut rng);
+        let fo = forward::Options {
+            sm_scale: 0.5,
+            key_ids: KeyIds::Local,
+            score: ScoreKind::LogProbs,
+            kernel,
+        };
+        let plan = forward::Plan::new(ctx, s, fo).expect("forward plan");
+        let ids = stream.clone_htod(p.ids64.as_ref().unwrap()).unwrap();
+        let (q, w, k) = (
+            stream.clone_htod(&p.q).unwrap(),
+            stream.clone_htod(&p.w).unwrap(),
+            stream.clone_htod(&p.k).unwrap(),
+        );
+        let mut score = stream.alloc_zeros::<f32>(s.slots()).unwrap();
+        let mut lse = stream.alloc_zeros::<f32>(s.rows()).unwrap();
+        plan.execute(
+            &stream,
+            &forward::Inputs {
+                index_q: q.as_view(),
+                weights: w.as_view(),
+                index_k: k.as_view(),
+                topk_indices: ids.as_view(),
+            },
+            &mut forward::Outputs {
+                index_score: score.as_view_mut(),
+                lse: lse.as_view_mut(),
+            },
+        )
+        .expect("forward execute");
+        let got = stream.clone_dtoh(&lse).unwrap();
+        let x = cpu::HostInputs {
+            index_q: &p.q,
+            weights: &p.w,
+            index_k: &p.k,
+            topk_indices: &p.ids,
+        };
+        let r = cpu::reference(&s, &fo, &x).unwrap();
+        let got_s = stream.clone_dtoh(&score).unwrap();
+        let err = |name, g: &[f32], w: &[f64]| {
+            indexer_tests::finite_rel_err(name, g, w).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let e = err("index_score", &got_s, &r.score);
+        let el = err("lse", &got, &r.lse);
+        assert!(
+            e <= 1e-5 && el <= 1e-5,
+            "forward {}: errors {e:.2e} {el:.2e}",
+            plan.kernel()
+        );
+        n += 1;
+        println!(
+            "forward case {n}: {}: errors score {e:.2e} lse {el:.2e}: ok",
+            plan.kernel()
+        );
+        // Dense, packed with offsets.
+        let ds = dense::Shape::varlen(vec![0, 40, 71], vec![0, 100, 170], 32, 128)
+            .with_q_offset(vec![50, -2]);
+        let dopts = forward::Options { kernel, ..fo };
+        let dplan = forward::DensePlan::new(ctx, ds.clone(), dopts).expect("dense forward plan");
+        let b = |n: usize| -> Vec<dsa_indexer_bwd::bf16> {
+            (0..n)
+                .map(|i| dsa_indexer_bwd::bf16::from_f32(((i * 37 % 17) as f32 - 8.0) / 8.0))
+                .collect()
+        };
+        let (hq, hw, hk) = (b(ds.q_len()), b(ds.w_len()), b(ds.k_len()));
+        let (q, w, k) = (
+            stream.clone_htod(&hq).unwrap(),
+            stream.clone_htod(&hw).unwrap(),
+            stream.clone_htod(&hk).unwrap(),
+        );
+        let mut score = stream.alloc_zeros::<f32>(ds.score_len()).unwrap();
+        let mut lse = stream.alloc_zeros::<f32>(ds.rows()).unwrap();
+        dplan
+            .execute(
+                &stream,
+                &forward::DenseInputs {
+                    index_q: q.as_view(),
+                    weights: w.as_view(),
+                    index_k: k.as_view(),
+                },
+                &mut forward::DenseOutputs {
+                    index_score: score.as_view_mut(),
+                    index_lse: lse.as_view_mut(),
+                },
+            )
+            .expect("dense forward execute");
+        let r = cpu::dense_reference(
+            &ds,
+            &dopts,
+            &cpu::DenseHostInputs {
+                index_q: &hq,
+                weights: &hw,
+                index_k: &hk,
+            },
+        )
+        .unwrap();
+        let got_s = stream.clone_dtoh(&score).unwrap();
+        let e = err("index_score", &got_s, &r.score);
+        let el = err("index_lse", &stream.clone_dtoh(&lse).unwrap(), &r.lse);
+        assert!(
+            el <= 1e-5,
+            "dense forward {}: lse error {el:.2e}",
+            dplan.kernel()
+        );
+        assert!(e <= 1e-5, "dense forward {}: error {e:.2e}", dplan.kernel());
+        n += 1;
+        println!(
+            "forward case {n}: dense {}: error {e:.2e}: ok",
+            dplan.kernel()
+        );
+    }
+    n
 }
 
 /// Dense mode's cases: its stage 1, then at H = 64, D = 128 dense mode's

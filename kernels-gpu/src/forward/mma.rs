@@ -1,0 +1,142 @@
+//! The wgmma kernel's product and head sum: `S^T = K q^T` of one chunk
+//! (M = 64 slots, N = H heads, K = D; A the chunk's K rows, B the row's q
+//! tile, both K-major swizzle blocks), then each slot's logit from the
+//! thread's accumulators ([`super::fragment_logits`]) and the quad's sum.
+//!
+//! The shapes are types ([`Tile`]): one per H x D, each naming its
+//! accumulator array and its `wgmma` wrapper.
+
+use super::load::Row;
+use super::CHUNK;
+use crate::ptx::smem::SmemAddr;
+use crate::ptx::{sync, wgmma};
+use crate::sm90::{desc, ATOM_BYTES};
+
+/// One H x D shape of the forward's wgmma kernel.
+pub(super) trait Tile {
+    /// Heads (the N of the product).
+    const H: u32;
+    /// Head dimension (its K).
+    const D: u32;
+    /// The thread's accumulators of an `m64nH` tile.
+    type Acc: Copy;
+    /// Zeroed accumulators (the chains accumulate from the first step).
+    const ZERO: Self::Acc;
+    /// The product `acc += A B` on descriptors of both operands' first
+    /// and (D = 128) second swizzle block, waited for.
+    ///
+    /// # Safety
+    /// As the `ptx::wgmma::fwd_*` wrappers.
+    unsafe fn product(acc: &mut Self::Acc, a0: u64, b0: u64, a1: u64, b1: u64);
+    /// The accumulators in register order.
+    fn regs(acc: &Self::Acc) -> &[f32];
+}
+
+/// Declares a [`Tile`] type: `one` for an accumulator of one register
+/// array (`[[f32; N]; 1]`, handed to the wrapper as `[f32; N]`), `two` for
+/// the `m64n128` tile's two halves.
+macro_rules! tile {
+    ($(#[$doc:meta])* $name:ident, $h:literal, $d:literal, one $n:literal, $f:ident) => {
+        tile!(@ $(#[$doc])* $name, $h, $d, [[f32; $n]; 1], [[0.0; $n]], |acc| &mut acc[0], $f);
+    };
+    ($(#[$doc:meta])* $name:ident, $h:literal, $d:literal, two, $f:ident) => {
+        tile!(@ $(#[$doc])* $name, $h, $d, [[f32; 32]; 2], [[0.0; 32]; 2], |acc| acc, $f);
+    };
+    (@ $(#[$doc:meta])* $name:ident, $h:literal, $d:literal, $acc:ty, $zero:expr, |$a:ident| $arg:expr, $f:ident) => {
+        $(#[$doc])*
+        pub(super) struct $name;
+        impl Tile for $name {
+            const H: u32 = $h;
+            const D: u32 = $d;
+            type Acc = $acc;
+            const ZERO: $acc = $zero;
+            #[inline(always)]
+            unsafe fn product($a: &mut $acc, a0: u64, b0: u64, a1: u64, b1: u64) {
+                // SAFETY: forwarded.
+                unsafe { wgmma::$f($arg, a0, b0, a1, b1) }
+            }
+            #[inline(always)]
+            fn regs(acc: &$acc) -> &[f32] {
+                acc.as_flattened()
+            }
+        }
+    };
+}
+
+tile!(
+    /// H = 16, D = 64.
+    H16D64, 16, 64, one 8, fwd_m64n16_k64
+);
+tile!(
+    /// H = 16, D = 128.
+    H16D128, 16, 128, one 8, fwd_m64n16_k128
+);
+tile!(
+    /// H = 32, D = 64.
+    H32D64, 32, 64, one 16, fwd_m64n32_k64
+);
+tile!(
+    /// H = 32, D = 128.
+    H32D128, 32, 128, one 16, fwd_m64n32_k128
+);
+tile!(
+    /// H = 64, D = 64.
+    H64D64, 64, 64, one 32, fwd_m64n64_k64
+);
+tile!(
+    /// H = 64, D = 128.
+    H64D128, 64, 128, one 32, fwd_m64n64_k128
+);
+tile!(
+    /// H = 128, D = 64.
+    H128D64, 128, 64, two, fwd_m64n128_k64
+);
+tile!(
+    /// H = 128, D = 128.
+    H128D128, 128, 128, two, fwd_m64n128_k128
+);
+
+/// The product of chunk `c` (K buffer `c % STAGES`) against the row's q
+/// tile.
+///
+/// # Safety
+/// Whole warpgroup, uniform control flow; the chunk's K rows and the q
+/// tile complete, fenced for the async proxy and behind a barrier.
+#[inline(always)]
+pub(super) unsafe fn product<T: Tile>(r: &Row<'_>, c: u32) -> T::Acc {
+    let kb: SmemAddr = r.kbuf(c % super::STAGES);
+    let q = r.base.add(r.l.q);
+    let a0 = desc(kb.0, 16, ATOM_BYTES);
+    let a1 = desc(kb.0 + super::K_BLOCK, 16, ATOM_BYTES);
+    let b0 = desc(q.0, 16, ATOM_BYTES);
+    let b1 = desc(q.0 + r.l.q_block, 16, ATOM_BYTES);
+    let mut acc = T::ZERO;
+    // SAFETY: the caller's contract.
+    unsafe { T::product(&mut acc, a0, b0, a1, b1) };
+    acc
+}
+
+/// The logits of this thread's two slots of the chunk (`16 w + g` and
+/// `+ 8`), the same in the four lanes of each quad.
+///
+/// # Safety
+/// Full warps (the quad sums are shuffles); the weights are in shared
+/// memory behind a barrier.
+#[inline(always)]
+pub(super) unsafe fn logits<T: Tile>(r: &Row<'_>, acc: &T::Acc) -> [f32; 2] {
+    let c = 2 * (r.tid % 4);
+    // SAFETY: the caller's contract (col < H).
+    let l = super::fragment_logits(T::regs(acc), c, r.p.sm_scale, |col| unsafe {
+        super::load::weight(r, col)
+    });
+    // SAFETY: full warps.
+    unsafe { [sync::quad_sum_f32(l[0]), sync::quad_sum_f32(l[1])] }
+}
+
+/// This thread's two slots of a chunk ([`logits`]' order).
+#[inline(always)]
+pub(super) fn my_slots(tid: u32) -> [u32; 2] {
+    let (w, g) = (tid / 32, (tid % 32) / 4);
+    [16 * w + g, 16 * w + g + 8]
+}
+const _: () = assert!(CHUNK == 64);
