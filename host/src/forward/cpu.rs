@@ -223,7 +223,7 @@ pub fn reference<I: TopkId>(
     })
 }
 
-/// The sparse forward on the host: [`reference`] rounded to f32 into
+/// The sparse forward on the host: [`reference()`] rounded to f32 into
 /// `index_score (B, S_q, topk)` and `lse (B, S_q)`. Everything is checked
 /// before the first write.
 pub fn execute<I: TopkId>(

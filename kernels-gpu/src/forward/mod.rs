@@ -183,13 +183,17 @@ const _: () = {
             let (h, d) = (HEADS[i], DIMS[j]);
             let l = smem(h, d);
             assert!(CTAS_PER_SM * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
-            assert!(l.q % 1024 == 0 && l.k % 1024 == 0 && k_bytes(d) % 1024 == 0);
+            assert!(
+                l.q.is_multiple_of(1024)
+                    && l.k.is_multiple_of(1024)
+                    && k_bytes(d).is_multiple_of(1024)
+            );
             // Swizzle atoms of 8 rows: every q block is whole atoms, and
             // a block of 16 heads (the smallest) 2048 bytes.
-            assert!(l.q_block % 1024 == 0);
-            assert!(l.w % 16 == 0 && l.lse % 8 == 0 && l.ids % 8 == 0);
+            assert!(l.q_block.is_multiple_of(1024));
+            assert!(l.w.is_multiple_of(16) && l.lse.is_multiple_of(8) && l.ids.is_multiple_of(8));
             // Every thread gathers whole passes; the id arrays hold them.
-            assert!(THREADS % pieces(d) == 0 && CHUNK % rows_per_pass(d) == 0);
+            assert!(THREADS.is_multiple_of(pieces(d)) && CHUNK.is_multiple_of(rows_per_pass(d)));
             assert!(passes(d) as usize <= MAX_PASSES);
             // The portable kernel keeps a q tile of h rows of d bf16 in the
             // q region, and fits 12.x GPUs (99 KiB per block).
