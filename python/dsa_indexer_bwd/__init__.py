@@ -4,6 +4,12 @@
 topk_indices, grad_loss, ...)`` returns ``(grad_signal, d_index_q, d_weights,
 d_index_k)``: on CUDA tensors from the crate's GPU kernels, queued on the
 current stream; on CPU tensors from its CPU path.
+``indexer_forward`` computes the backward's ``index_score`` (the indexer's
+softmax over the selected slots) and ``dense_indexer_forward`` dense mode's
+logits; ``indexer_loss`` and ``dense_indexer_loss`` are the KL losses with the
+crate's backward as their autograd backward. Every one is also a
+``torch.library`` operator (``torch.ops.dsa_indexer.*``), traceable by
+``torch.compile(fullgraph=True)``.
 ``dense_indexer_backward(index_q, weights, index_k, attn_score, attn_l1norm,
 index_score, index_lse, grad_loss, ...)`` is dense mode (every causal key,
 BSHD or packed variable-length batches), returning ``DenseGrads``. The
@@ -26,6 +32,8 @@ except ImportError:  # pragma: no cover - exercised by the torch-free CI tests
 
 if _torch is not None:
     from ._dense import DenseGrads, dense_indexer_backward
+    from ._forward import DenseScores, ForwardScores, dense_indexer_forward, indexer_forward
+    from ._ops import dense_indexer_loss, indexer_loss
     from ._torch import IndexerGrads, clear_plan_cache, indexer_backward, plan_cache_size
 else:
 
@@ -44,13 +52,33 @@ else:
         """No plans without torch."""
         return 0
 
+    def _needs_torch(name):
+        def f(*args, **kwargs):
+            raise ImportError(f"dsa_indexer_bwd.{name} needs torch")
+
+        f.__name__ = name
+        f.__doc__ = "Needs torch (not installed)."
+        return f
+
+    indexer_forward = _needs_torch("indexer_forward")
+    dense_indexer_forward = _needs_torch("dense_indexer_forward")
+    indexer_loss = _needs_torch("indexer_loss")
+    dense_indexer_loss = _needs_torch("dense_indexer_loss")
     IndexerGrads = None
     DenseGrads = None
+    ForwardScores = None
+    DenseScores = None
 
 from ._cache import PLAN_CACHE_CAPACITY  # noqa: E402
 
 __all__ = [
     "DenseGrads",
+    "DenseScores",
+    "ForwardScores",
+    "dense_indexer_forward",
+    "dense_indexer_loss",
+    "indexer_forward",
+    "indexer_loss",
     "PLAN_CACHE_CAPACITY",
     "IndexerGrads",
     "clear_plan_cache",

@@ -356,3 +356,88 @@ def _describe_names(dims):
 
 def _describe_mixed(parts):
     return "(" + ", ".join(str(p) for p in parts) + ")"
+
+
+# The forward (docs/spec.md, "Forward"): sparse inputs, and dense inputs
+# (BSHD or packed) without the score tensors.
+FORWARD = (
+    ("index_q", ("bfloat16",), ("B", "S_q", "H", "D")),
+    ("weights", ("bfloat16",), ("B", "S_q", "H")),
+    ("index_k", ("bfloat16",), ("B", "S_k", "D")),
+    ("topk_indices", ("int32", "int64"), ("B", "S_q", "topk")),
+)
+DENSE_FORWARD_BSHD = DENSE_BSHD[:3]
+DENSE_FORWARD_PACKED = DENSE_PACKED[:3]
+KERNELS = ("auto", "portable")
+
+
+def check_forward_tensors(tensors):
+    """Checks the four sparse forward tensors; returns ``(Dims, Device)``."""
+    sizes, first = _check_table(tensors, FORWARD)
+    dims = Dims(*(sizes[d][0] for d in ("B", "S_q", "S_k", "H", "D", "topk")))
+    return dims, first
+
+
+def check_dense_forward_tensors(
+    tensors, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=None, ratio=1, score_cols=None
+):
+    """Checks the three dense forward tensors and the layout arguments as
+    :func:`check_dense_tensors` does; ``score_cols`` (packed only; default
+    the longest key sequence) sets the columns of the outputs. Returns
+    ``(DenseDims, Device)``."""
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k: give both (packed) or neither (BSHD)")
+    packed = cu_seqlens_q is not None
+    table = DENSE_FORWARD_PACKED if packed else DENSE_FORWARD_BSHD
+    sizes, device = _check_table(tensors, table)
+    heads, head_dim = sizes["H"][0], sizes["D"][0]
+    if packed:
+        cu_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, sizes["T_q"][0], "index_q")
+        cu_k = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, sizes["T_k"][0], "index_k")
+        if len(cu_q) != len(cu_k):
+            raise ValueError(
+                f"cu_seqlens_k: expected {len(cu_q)} offsets (as cu_seqlens_q), got {len(cu_k)}"
+            )
+        longest = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+        cols = longest if score_cols is None else _int("score_cols", score_cols)
+        if cols < max(longest, 1):
+            raise ValueError(
+                f"score_cols: {cols}, fewer than the longest key sequence ({longest})"
+            )
+        bshd, batch = None, len(cu_q) - 1
+    else:
+        if score_cols is not None:
+            raise ValueError("score_cols: only for packed layouts (BSHD has S_k columns)")
+        cu_q = cu_k = None
+        bshd = (sizes["B"][0], sizes["S_q"][0], sizes["S_k"][0])
+        cols, batch = bshd[2], bshd[0]
+    if q_offset is None:
+        offsets = ()
+    elif isinstance(q_offset, (list, tuple)) or hasattr(q_offset, "shape"):
+        offsets = tuple(_ints("q_offset", q_offset))
+        if len(offsets) != batch:
+            raise ValueError(
+                f"q_offset: expected {batch} entries (one per batch), got {len(offsets)}"
+            )
+    else:
+        offsets = (_int("q_offset", q_offset),) * batch
+    ratio = _int("ratio", ratio)
+    if ratio < 1:
+        raise ValueError(f"ratio: expected an integer >= 1, got {ratio}")
+    return DenseDims(heads, head_dim, bshd, cu_q, cu_k, cols, offsets, ratio), device
+
+
+def check_forward_options(sm_scale, key_ids, score, kernel):
+    """``(sm_scale, key_ids, score, kernel)`` checked, as a cache key."""
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale: expected a number, got {type(sm_scale).__name__}")
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    for name, v, allowed in (
+        ("key_ids", key_ids, KEY_IDS),
+        ("score", score, SCORES),
+        ("kernel", kernel, KERNELS),
+    ):
+        if v not in allowed:
+            raise ValueError(f"{name}: expected one of {allowed}, got {v!r}")
+    return (float(sm_scale), key_ids, score, kernel)

@@ -15,12 +15,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// `(B, S_q, S_k)`.
-type Bshd = (usize, usize, usize);
+pub(crate) type Bshd = (usize, usize, usize);
 
 /// The dense shape of the layout arguments (exactly one of `bshd` and
 /// the two `cu_seqlens`), validated.
 #[allow(clippy::too_many_arguments)]
-fn dense_shape(
+pub(crate) fn dense_shape(
     heads: usize,
     head_dim: usize,
     bshd: Option<Bshd>,

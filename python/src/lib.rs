@@ -25,7 +25,9 @@ use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 
 mod dense;
+mod forward;
 use dense::{dense_cpu_execute, PyDensePlan};
+use forward::{cpu_forward, dense_cpu_forward, PyDenseForwardPlan, PyForwardPlan};
 
 /// The Python exception of a crate error.
 fn py_err(e: Error) -> PyErr {
@@ -107,7 +109,7 @@ fn options(
 }
 
 /// `(B, S_q, S_k, H, D, topk)`.
-type Dims = (usize, usize, usize, usize, usize, usize);
+pub(crate) type Dims = (usize, usize, usize, usize, usize, usize);
 
 fn shape(d: Dims) -> PyResult<Shape> {
     let s = Shape {
@@ -433,6 +435,10 @@ fn cuda_device_count() -> usize {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlan>()?;
     m.add_class::<PyDensePlan>()?;
+    m.add_class::<PyForwardPlan>()?;
+    m.add_class::<PyDenseForwardPlan>()?;
+    m.add_function(wrap_pyfunction!(cpu_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(dense_cpu_forward, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_execute, m)?)?;
     m.add_function(wrap_pyfunction!(dense_cpu_execute, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;

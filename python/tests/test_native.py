@@ -474,6 +474,99 @@ class DenseChecks(unittest.TestCase):
                 _checks.check_dense_tensors(dense_tensors(True, **over), q, k)
 
 
+def python_forward(p, sm_scale, log):
+    """The forward of `p` in pure-Python f64: (scores, lse)."""
+    b, sq, sk, h, d, topk = p.dims
+    limit = b * sk if p.key_ids == "global" else sk
+    q = [bf16_to_float(x) for x in p.q]
+    w = [bf16_to_float(x) for x in p.w]
+    k = [bf16_to_float(x) for x in p.k]
+    scores, lses = [], []
+    for r in range(b * sq):
+        logits = []
+        for t in range(topk):
+            i = p.ids[r * topk + t]
+            if not 0 <= i < limit:
+                logits.append(None)
+                continue
+            n = i if p.key_ids == "global" else (r // sq) * sk + i
+            total = 0.0
+            for hh in range(h):
+                s = sum(q[(r * h + hh) * d + j] * k[n * d + j] for j in range(d)) * sm_scale
+                total += w[r * h + hh] * max(s, 0.0)
+            logits.append(total)
+        vals = [x for x in logits if x is not None]
+        if not vals:
+            lse = -math.inf
+        else:
+            m = max(vals)
+            lse = m + math.log(sum(math.exp(x - m) for x in vals))
+        lses.append(lse)
+        for x in logits:
+            if x is None:
+                scores.append(-math.inf if log else 0.0)
+            else:
+                scores.append(x - lse if log else math.exp(x - lse))
+    return scores, lses
+
+
+class ForwardCpuPath(unittest.TestCase):
+    def run_forward(self, p, log, sm_scale=0.25):
+        b, sq, sk, h, d, topk = p.dims
+        score = array("f", [math.nan] * (b * sq * topk))
+        lse = array("f", [math.nan] * (b * sq))
+        _native.cpu_forward(p.dims, addr(p.q), addr(p.w), addr(p.k), addr(p.ids), addr(score),
+                            addr(lse), sm_scale=sm_scale, key_ids=p.key_ids,
+                            score="logprobs" if log else "probs")
+        return list(score), list(lse)
+
+    def test_matches_the_python_reference(self):
+        for key_ids in ("global", "local"):
+            for log in (False, True):
+                p = Problem(11, DIMS, key_ids=key_ids)
+                got_s, got_l = self.run_forward(p, log)
+                want_s, want_l = python_forward(p, 0.25, log)
+                fin = [i for i, v in enumerate(want_s) if math.isfinite(v)]
+                self.assertTrue(all(got_s[i] == want_s[i] for i in range(len(want_s))
+                                    if not math.isfinite(want_s[i])))
+                self.assertLess(rel_err([got_s[i] for i in fin], [want_s[i] for i in fin]), 1e-6)
+                fl = [i for i, v in enumerate(want_l) if math.isfinite(v)]
+                self.assertLess(rel_err([got_l[i] for i in fl], [want_l[i] for i in fl]), 1e-6)
+
+    def test_errors_name_the_problem(self):
+        p = Problem(12, DIMS)
+        with self.assertRaisesRegex(ValueError, "sm_scale"):
+            self.run_forward(p, False, sm_scale=math.inf)
+        with self.assertRaisesRegex(ValueError, "kernel"):
+            _native.ForwardPlan(0, DIMS, 1.0, "global", "probs", "fast")
+        with self.assertRaisesRegex(ValueError, "heads"):
+            _native.ForwardPlan(0, (1, 2, 3, 48, 64, 4), 1.0, "global", "probs")
+
+    def test_forward_checks(self):
+        t = tensors()
+        del t["attn_score"], t["index_score"]
+        dims, dev = _checks.check_forward_tensors(t)
+        self.assertEqual(tuple(dims), DIMS)
+        t["topk_indices"] = FakeTensor((2, 4, 4), "int64")
+        with self.assertRaisesRegex(ValueError, "topk_indices"):
+            _checks.check_forward_tensors(t)
+        self.assertEqual(_checks.check_forward_options(1, "local", "logprobs", "portable"),
+                         (1.0, "local", "logprobs", "portable"))
+        with self.assertRaisesRegex(ValueError, "kernel"):
+            _checks.check_forward_options(1.0, "global", "probs", "fast")
+        dense = {
+            "index_q": FakeTensor((7, 16, 64), "bfloat16"),
+            "weights": FakeTensor((7, 16), "bfloat16"),
+            "index_k": FakeTensor((9, 64), "bfloat16"),
+        }
+        dd, _ = _checks.check_dense_forward_tensors(dense, [0, 3, 7], [0, 4, 9])
+        self.assertEqual(dd.score_cols, 5)
+        dd, _ = _checks.check_dense_forward_tensors(dense, [0, 3, 7], [0, 4, 9], score_cols=8)
+        self.assertEqual(dd.score_cols, 8)
+        with self.assertRaisesRegex(ValueError, "score_cols"):
+            _checks.check_dense_forward_tensors(dense, [0, 3, 7], [0, 4, 9], score_cols=4)
+
+
 class PlanCacheBound(unittest.TestCase):
     def test_least_recently_used_goes_first(self):
         from dsa_indexer_bwd._cache import PlanCache
