@@ -236,7 +236,13 @@ pub fn validate_host<I>(shape: &Shape, opts: &Options, x: &HostInputs<'_, I>) ->
         ("index_score", shape.slots(), x.index_score.len()),
         ("topk_indices", shape.slots(), x.topk_indices.len()),
     ];
-    for (tensor, expected, actual) in checks {
+    check_lengths(&checks)
+}
+
+/// [`Error::Length`] for the first `(tensor, expected, actual)` whose
+/// element counts differ.
+pub(crate) fn check_lengths(checks: &[(&'static str, usize, usize)]) -> Result<()> {
+    for &(tensor, expected, actual) in checks {
         if expected != actual {
             return Err(Error::Length {
                 tensor,

@@ -101,14 +101,7 @@ impl Plan {
         let ws_needed = self.workspace_bytes();
         let list = raw_args(self.shape(), opts, bufs, ctx.cu_ctx());
         let ordinal = ctx.ordinal();
-        for a in list.iter().filter(|a| a.bytes > 0) {
-            if pointer_ordinal(a.ptr) != Some(ordinal) {
-                return Err(Error::Device {
-                    tensor: a.name,
-                    expected: ordinal,
-                });
-            }
-        }
+        on_device(&list, ordinal)?;
         // The workspace's size counts only with an address (`raw_args`).
         args::check_args(&list, ctx.cu_ctx(), ordinal, list[10].len, ws_needed)?;
         let ptrs = ptrs_of(bufs);
@@ -131,16 +124,8 @@ fn raw_args(shape: &Shape, opts: &Options, b: &RawBuffers, ctx: sys::CUcontext) 
         GradDtype::Bf16 => 2,
     };
     let dk_align = args::dk_align(opts.d_index_k);
-    let arg = |name, ptr, len: usize, elem: usize, align, output| Arg {
-        name,
-        ptr,
-        bytes: len * elem,
-        len,
-        expected: len,
-        align,
-        output,
-        ctx,
-    };
+    let arg =
+        |name, ptr, len, elem, align, output| raw_arg(name, ptr, len, elem, align, output, ctx);
     let (slots, q, w, k) = (shape.slots(), shape.q_len(), shape.w_len(), shape.k_len());
     let ws = if b.workspace == 0 {
         0
@@ -198,6 +183,46 @@ fn ptrs_of(b: &RawBuffers) -> Ptrs {
         d_index_k: b.d_index_k,
         workspace: b.workspace,
     }
+}
+
+/// The [`Arg`] of `len` elements of `elem` bytes at the raw address
+/// `ptr` on `ctx`, aligned to `align`: its element count is the caller's
+/// promise (`expected` is `len`), so the shared checks see its alignment
+/// and overlaps.
+pub(crate) fn raw_arg(
+    name: &'static str,
+    ptr: u64,
+    len: usize,
+    elem: usize,
+    align: u64,
+    output: bool,
+    ctx: sys::CUcontext,
+) -> Arg {
+    Arg {
+        name,
+        ptr,
+        bytes: len * elem,
+        len,
+        expected: len,
+        align,
+        output,
+        ctx,
+    }
+}
+
+/// Fails with [`Error::Device`] naming the first non-empty tensor of
+/// `list` whose address is not on device `ordinal` (the driver's pointer
+/// attributes).
+pub(crate) fn on_device(list: &[Arg], ordinal: usize) -> Result<()> {
+    for a in list.iter().filter(|a| a.bytes > 0) {
+        if pointer_ordinal(a.ptr) != Some(ordinal) {
+            return Err(Error::Device {
+                tensor: a.name,
+                expected: ordinal,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Fails with [`Error::Device`] (tensor `stream`) unless `stream` belongs

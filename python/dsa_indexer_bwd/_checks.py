@@ -221,20 +221,33 @@ def check_dense_tensors(tensors, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=
         raise ValueError("cu_seqlens_q and cu_seqlens_k: give both (packed) or neither (BSHD)")
     packed = cu_seqlens_q is not None
     sizes, device = _check_table(tensors, DENSE_PACKED if packed else DENSE_BSHD)
+
+    def packed_cols(longest):
+        cols = sizes["cols"][0]
+        if cols < longest:
+            raise ValueError(
+                f"attn_score: {cols} columns, fewer than the longest key sequence ({longest})"
+            )
+        return cols
+
+    return _dense_dims(sizes, cu_seqlens_q, cu_seqlens_k, q_offset, ratio, packed_cols), device
+
+
+def _dense_dims(sizes, cu_seqlens_q, cu_seqlens_k, q_offset, ratio, packed_cols):
+    """The layout checks shared by the dense backward and forward, after the
+    tensors' (``sizes`` from :func:`_check_table`): ``cu_seqlens_q``,
+    ``cu_seqlens_k`` (packed when given), the score columns
+    (``packed_cols(longest key sequence)``, which raises for too few;
+    BSHD: S_k), ``q_offset``, ``ratio``. Returns the :class:`DenseDims`."""
     heads, head_dim = sizes["H"][0], sizes["D"][0]
-    if packed:
+    if cu_seqlens_q is not None:
         cu_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, sizes["T_q"][0], "index_q")
         cu_k = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, sizes["T_k"][0], "index_k")
         if len(cu_q) != len(cu_k):
             raise ValueError(
                 f"cu_seqlens_k: expected {len(cu_q)} offsets (as cu_seqlens_q), got {len(cu_k)}"
             )
-        cols = sizes["cols"][0]
-        longest = max(b - a for a, b in zip(cu_k, cu_k[1:]))
-        if cols < longest:
-            raise ValueError(
-                f"attn_score: {cols} columns, fewer than the longest key sequence ({longest})"
-            )
+        cols = packed_cols(max(b - a for a, b in zip(cu_k, cu_k[1:])))
         bshd, batch = None, len(cu_q) - 1
     else:
         cu_q = cu_k = None
@@ -253,8 +266,7 @@ def check_dense_tensors(tensors, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=
     ratio = _int("ratio", ratio)
     if ratio < 1:
         raise ValueError(f"ratio: expected an integer >= 1, got {ratio}")
-    dims = DenseDims(heads, head_dim, bshd, cu_q, cu_k, cols, offsets, ratio)
-    return dims, device
+    return DenseDims(heads, head_dim, bshd, cu_q, cu_k, cols, offsets, ratio)
 
 
 def check_grad_loss(grad_loss, device):
@@ -390,41 +402,18 @@ def check_dense_forward_tensors(
     packed = cu_seqlens_q is not None
     table = DENSE_FORWARD_PACKED if packed else DENSE_FORWARD_BSHD
     sizes, device = _check_table(tensors, table)
-    heads, head_dim = sizes["H"][0], sizes["D"][0]
-    if packed:
-        cu_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, sizes["T_q"][0], "index_q")
-        cu_k = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, sizes["T_k"][0], "index_k")
-        if len(cu_q) != len(cu_k):
-            raise ValueError(
-                f"cu_seqlens_k: expected {len(cu_q)} offsets (as cu_seqlens_q), got {len(cu_k)}"
-            )
-        longest = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+    if not packed and score_cols is not None:
+        raise ValueError("score_cols: only for packed layouts (BSHD has S_k columns)")
+
+    def packed_cols(longest):
         cols = longest if score_cols is None else _int("score_cols", score_cols)
         if cols < max(longest, 1):
             raise ValueError(
                 f"score_cols: {cols}, fewer than the longest key sequence ({longest})"
             )
-        bshd, batch = None, len(cu_q) - 1
-    else:
-        if score_cols is not None:
-            raise ValueError("score_cols: only for packed layouts (BSHD has S_k columns)")
-        cu_q = cu_k = None
-        bshd = (sizes["B"][0], sizes["S_q"][0], sizes["S_k"][0])
-        cols, batch = bshd[2], bshd[0]
-    if q_offset is None:
-        offsets = ()
-    elif isinstance(q_offset, (list, tuple)) or hasattr(q_offset, "shape"):
-        offsets = tuple(_ints("q_offset", q_offset))
-        if len(offsets) != batch:
-            raise ValueError(
-                f"q_offset: expected {batch} entries (one per batch), got {len(offsets)}"
-            )
-    else:
-        offsets = (_int("q_offset", q_offset),) * batch
-    ratio = _int("ratio", ratio)
-    if ratio < 1:
-        raise ValueError(f"ratio: expected an integer >= 1, got {ratio}")
-    return DenseDims(heads, head_dim, bshd, cu_q, cu_k, cols, offsets, ratio), device
+        return cols
+
+    return _dense_dims(sizes, cu_seqlens_q, cu_seqlens_k, q_offset, ratio, packed_cols), device
 
 
 def check_forward_options(sm_scale, key_ids, score, kernel):

@@ -5,10 +5,9 @@
 //! addresses).
 
 use super::dense::{dense_shape, Bshd};
-use super::{build_plan, check_host, py_err, shape, Dims, HostArg};
+use super::{build_plan, check_host, key_ids_of, py_err, score_of, shape, Dims, HostArg};
 use dsa_indexer_bwd::bf16;
 use dsa_indexer_bwd::forward::{self, cpu, DensePlan, Kernel, Plan, RawDense, RawForward};
-use dsa_indexer_bwd::{KeyIds, ScoreKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -19,24 +18,7 @@ fn fwd_options(
     score: &str,
     kernel: &str,
 ) -> PyResult<forward::Options> {
-    let key_ids = match key_ids {
-        "global" => KeyIds::Global,
-        "local" => KeyIds::Local,
-        _ => {
-            return Err(PyValueError::new_err(format!(
-                "key_ids: expected 'global' or 'local', got {key_ids:?}"
-            )))
-        }
-    };
-    let score = match score {
-        "probs" => ScoreKind::Probs,
-        "logprobs" => ScoreKind::LogProbs,
-        _ => {
-            return Err(PyValueError::new_err(format!(
-                "score: expected 'probs' or 'logprobs', got {score:?}"
-            )))
-        }
-    };
+    let (key_ids, score) = (key_ids_of(key_ids)?, score_of(score)?);
     let kernel = match kernel {
         "auto" => Kernel::Auto,
         "portable" => Kernel::Portable,

@@ -58,6 +58,28 @@ fn grad_dtype(name: &str, what: &str) -> PyResult<GradDtype> {
     }
 }
 
+/// The key-id convention named `name` (`"global"` or `"local"`).
+fn key_ids_of(name: &str) -> PyResult<KeyIds> {
+    match name {
+        "global" => Ok(KeyIds::Global),
+        "local" => Ok(KeyIds::Local),
+        _ => Err(PyValueError::new_err(format!(
+            "key_ids: expected 'global' or 'local', got {name:?}"
+        ))),
+    }
+}
+
+/// The score kind named `name` (`"probs"` or `"logprobs"`).
+fn score_of(name: &str) -> PyResult<ScoreKind> {
+    match name {
+        "probs" => Ok(ScoreKind::Probs),
+        "logprobs" => Ok(ScoreKind::LogProbs),
+        _ => Err(PyValueError::new_err(format!(
+            "score: expected 'probs' or 'logprobs', got {name:?}"
+        ))),
+    }
+}
+
 /// Options from the names the Python layer uses.
 fn options(
     sm_scale: f32,
@@ -67,24 +89,7 @@ fn options(
     d_weights: &str,
     backend: &str,
 ) -> PyResult<Options> {
-    let key_ids = match key_ids {
-        "global" => KeyIds::Global,
-        "local" => KeyIds::Local,
-        _ => {
-            return Err(PyValueError::new_err(format!(
-                "key_ids: expected 'global' or 'local', got {key_ids:?}"
-            )))
-        }
-    };
-    let score = match score {
-        "probs" => ScoreKind::Probs,
-        "logprobs" => ScoreKind::LogProbs,
-        _ => {
-            return Err(PyValueError::new_err(format!(
-                "score: expected 'probs' or 'logprobs', got {score:?}"
-            )))
-        }
-    };
+    let (key_ids, score) = (key_ids_of(key_ids)?, score_of(score)?);
     let backend = match backend {
         "auto" => Backend::Auto,
         "hopper" => Backend::Hopper,

@@ -91,20 +91,7 @@ pub fn validate_host(shape: &Shape, opts: &Options, x: &HostInputs<'_>) -> Resul
         ("index_score", shape.score_len(), x.index_score.len()),
         ("index_lse", shape.rows(), x.index_lse.len()),
     ];
-    lengths(&checks)
-}
-
-fn lengths(checks: &[(&'static str, usize, usize)]) -> Result<()> {
-    for &(tensor, expected, actual) in checks {
-        if expected != actual {
-            return Err(Error::Length {
-                tensor,
-                expected,
-                actual,
-            });
-        }
-    }
-    Ok(())
+    crate::cpu::check_lengths(&checks)
 }
 
 /// The f64 reference of SPEC's dense math (the test oracle).
@@ -161,7 +148,7 @@ pub fn execute_with_progress(
             });
         }
     }
-    lengths(&[
+    crate::cpu::check_lengths(&[
         ("index_score", shape.score_len(), out.index_score.len()),
         ("d_index_q", shape.q_len(), out.d_index_q.len()),
         ("d_weights", shape.w_len(), out.d_weights.len()),

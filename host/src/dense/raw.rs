@@ -14,7 +14,7 @@ use super::plan::{Plan, NO_KERNEL};
 use super::shape::Shape;
 use crate::args::{self, Arg};
 use crate::error::{Error, Result};
-use crate::raw::{check_stream, pointer_ordinal};
+use crate::raw::{check_stream, on_device, raw_arg};
 use crate::shape::{check_finite, GradDtype, Options};
 use cudarc::driver::sys;
 
@@ -100,14 +100,7 @@ impl Plan {
         args::grad_dtypes(opts, bufs.d_weights_dtype, bufs.d_index_k_dtype)?;
         let list = raw_args(self.shape(), opts, bufs, ctx.cu_ctx());
         let ordinal = ctx.ordinal();
-        for a in list.iter().filter(|a| a.bytes > 0) {
-            if pointer_ordinal(a.ptr) != Some(ordinal) {
-                return Err(Error::Device {
-                    tensor: a.name,
-                    expected: ordinal,
-                });
-            }
-        }
+        on_device(&list, ordinal)?;
         // The workspace's size counts only with an address (`raw_args`).
         let ws_len = list[11].len;
         args::check_args(&list, ctx.cu_ctx(), ordinal, ws_len, self.workspace_bytes())?;
@@ -136,16 +129,8 @@ fn raw_args(shape: &Shape, opts: &Options, b: &DenseRawBuffers, ctx: sys::CUcont
         GradDtype::F32 => 4,
         GradDtype::Bf16 => 2,
     };
-    let arg = |name, ptr, len: usize, elem: usize, align, output| Arg {
-        name,
-        ptr,
-        bytes: len * elem,
-        len,
-        expected: len,
-        align,
-        output,
-        ctx,
-    };
+    let arg =
+        |name, ptr, len, elem, align, output| raw_arg(name, ptr, len, elem, align, output, ctx);
     let (score, rows) = (shape.score_len(), shape.rows());
     let (q, w, k) = (shape.q_len(), shape.w_len(), shape.k_len());
     let ws = if b.workspace == 0 {

@@ -14,9 +14,9 @@
 
 use super::Options;
 use crate::args::TopkId;
-use crate::cpu::{threads_for, try_vec};
+use crate::cpu::{check_lengths, threads_for, try_vec};
 use crate::dense;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::{ScoreKind, Shape};
 use half::bf16;
 
@@ -153,21 +153,12 @@ fn row(
 fn validate<I>(shape: &Shape, opts: &Options, x: &HostInputs<'_, I>) -> Result<()> {
     super::validate_shape(shape)?;
     opts.validate()?;
-    for (tensor, expected, actual) in [
+    check_lengths(&[
         ("index_q", shape.q_len(), x.index_q.len()),
         ("weights", shape.w_len(), x.weights.len()),
         ("index_k", shape.k_len(), x.index_k.len()),
         ("topk_indices", shape.slots(), x.topk_indices.len()),
-    ] {
-        if expected != actual {
-            return Err(Error::Length {
-                tensor,
-                expected,
-                actual,
-            });
-        }
-    }
-    Ok(())
+    ])
 }
 
 /// Runs `f(r, score_row) -> lse` over every row on up to the machine's
@@ -245,20 +236,11 @@ fn validate_dense(shape: &dense::Shape, opts: &Options, x: &DenseHostInputs<'_>)
     shape.validate()?;
     opts.validate()?;
     let (h, d) = (shape.heads, shape.head_dim);
-    for (tensor, expected, actual) in [
+    check_lengths(&[
         ("index_q", shape.rows() * h * d, x.index_q.len()),
         ("weights", shape.rows() * h, x.weights.len()),
         ("index_k", shape.key_rows() * d, x.index_k.len()),
-    ] {
-        if expected != actual {
-            return Err(Error::Length {
-                tensor,
-                expected,
-                actual,
-            });
-        }
-    }
-    Ok(())
+    ])
 }
 
 /// The f64 reference of the dense forward: raw logits over each row's
@@ -304,16 +286,7 @@ pub fn dense_execute(
 }
 
 fn check_out(score: usize, want_score: usize, lse: usize, want_lse: usize) -> Result<()> {
-    for (tensor, expected, actual) in [("index_score", want_score, score), ("lse", want_lse, lse)] {
-        if expected != actual {
-            return Err(Error::Length {
-                tensor,
-                expected,
-                actual,
-            });
-        }
-    }
-    Ok(())
+    check_lengths(&[("index_score", want_score, score), ("lse", want_lse, lse)])
 }
 
 fn write(r: &Scores, score: &mut [f32], lse: &mut [f32]) {

@@ -8,7 +8,7 @@ use crate::args::{self, Arg, TopkId};
 use crate::dense;
 use crate::error::{Error, Result};
 use crate::gpu::{self, PtxModule};
-use crate::raw::{check_stream, pointer_ordinal};
+use crate::raw::{check_stream, on_device, raw_arg};
 use crate::shape::{KeyIds, ScoreKind, Shape};
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, SyncOnDrop,
@@ -150,14 +150,7 @@ impl Launch {
         // SAFETY: forwarded.
         unsafe { check_stream(&self.ctx, stream)? };
         let ordinal = self.ctx.ordinal();
-        for a in list.iter().filter(|a| a.bytes > 0) {
-            if pointer_ordinal(a.ptr) != Some(ordinal) {
-                return Err(Error::Device {
-                    tensor: a.name,
-                    expected: ordinal,
-                });
-            }
-        }
+        on_device(list, ordinal)?;
         args::check_args(list, self.ctx.cu_ctx(), ordinal, 0, 0)
     }
 
@@ -180,28 +173,6 @@ impl Launch {
         let s = unsafe { self.ctx.wrap_borrowed_stream(stream) };
         // SAFETY: forwarded.
         unsafe { self.launch(&s, p) }
-    }
-}
-
-/// A plain [`Arg`] for a raw address.
-fn raw_arg(
-    name: &'static str,
-    ptr: u64,
-    len: usize,
-    elem: usize,
-    align: u64,
-    output: bool,
-    ctx: sys::CUcontext,
-) -> Arg {
-    Arg {
-        name,
-        ptr,
-        bytes: len * elem,
-        len,
-        expected: len,
-        align,
-        output,
-        ctx,
     }
 }
 
