@@ -444,16 +444,26 @@ pub const SM90_WG_H128_D64: Kernel = k(
 );
 
 /// A forward kernel (`forward`): one CTA of one warpgroup per query row,
-/// always launched with exactly its 128 threads; two resident CTAs per SM
-/// (the layouts fit them, `forward::CTAS_PER_SM`).
-const fn fwd(name: &'static str, targets: Targets) -> Kernel {
+/// always launched with exactly its 128 threads, `min_ctas` resident CTAs
+/// per SM (the layouts fit them: `forward::residency` for the wgmma
+/// kernels, `forward::ROWS_CTAS_PER_SM` for the portable ones; `forward`
+/// asserts both against this list).
+const fn fwd(name: &'static str, targets: Targets, min_ctas: u32) -> Kernel {
     k(
         name,
         Param::Fwd,
         FWD_THREADS,
-        Bounds::Exact { min_ctas: 2 },
+        Bounds::Exact { min_ctas },
         targets,
     )
+}
+/// The wgmma forward kernel `name`, `min_ctas` resident per SM.
+const fn fwd_wg(name: &'static str, min_ctas: u32) -> Kernel {
+    fwd(name, Targets::SM90A, min_ctas)
+}
+/// The portable forward kernel `name` (two resident per SM).
+const fn fwd_rows(name: &'static str) -> Kernel {
+    fwd(name, Targets::ALL, 2)
 }
 /// Threads per CTA of the forward kernels (`forward::THREADS`).
 pub const FWD_THREADS: u32 = 128;
@@ -461,27 +471,27 @@ pub const FWD_THREADS: u32 = 128;
 /// The wgmma forward kernels (sm_90a), in [`SUPPORTED_HEADS`] x
 /// [`SUPPORTED_DIMS`] order.
 pub const FWD_WG: [Kernel; 8] = [
-    fwd("indexer_fwd_wg_h16_d64", Targets::SM90A),
-    fwd("indexer_fwd_wg_h16_d128", Targets::SM90A),
-    fwd("indexer_fwd_wg_h32_d64", Targets::SM90A),
-    fwd("indexer_fwd_wg_h32_d128", Targets::SM90A),
-    fwd("indexer_fwd_wg_h64_d64", Targets::SM90A),
-    fwd("indexer_fwd_wg_h64_d128", Targets::SM90A),
-    fwd("indexer_fwd_wg_h128_d64", Targets::SM90A),
-    fwd("indexer_fwd_wg_h128_d128", Targets::SM90A),
+    fwd_wg("indexer_fwd_wg_h16_d64", 3),
+    fwd_wg("indexer_fwd_wg_h16_d128", 3),
+    fwd_wg("indexer_fwd_wg_h32_d64", 3),
+    fwd_wg("indexer_fwd_wg_h32_d128", 3),
+    fwd_wg("indexer_fwd_wg_h64_d64", 3),
+    fwd_wg("indexer_fwd_wg_h64_d128", 3),
+    fwd_wg("indexer_fwd_wg_h128_d64", 3),
+    fwd_wg("indexer_fwd_wg_h128_d128", 2),
 ];
 
 /// The portable forward kernels (every PTX file), in the order of
 /// [`FWD_WG`].
 pub const FWD_ROWS: [Kernel; 8] = [
-    fwd("indexer_fwd_rows_h16_d64", Targets::ALL),
-    fwd("indexer_fwd_rows_h16_d128", Targets::ALL),
-    fwd("indexer_fwd_rows_h32_d64", Targets::ALL),
-    fwd("indexer_fwd_rows_h32_d128", Targets::ALL),
-    fwd("indexer_fwd_rows_h64_d64", Targets::ALL),
-    fwd("indexer_fwd_rows_h64_d128", Targets::ALL),
-    fwd("indexer_fwd_rows_h128_d64", Targets::ALL),
-    fwd("indexer_fwd_rows_h128_d128", Targets::ALL),
+    fwd_rows("indexer_fwd_rows_h16_d64"),
+    fwd_rows("indexer_fwd_rows_h16_d128"),
+    fwd_rows("indexer_fwd_rows_h32_d64"),
+    fwd_rows("indexer_fwd_rows_h32_d128"),
+    fwd_rows("indexer_fwd_rows_h64_d64"),
+    fwd_rows("indexer_fwd_rows_h64_d128"),
+    fwd_rows("indexer_fwd_rows_h128_d64"),
+    fwd_rows("indexer_fwd_rows_h128_d128"),
 ];
 
 /// The forward kernel for `heads` x `dim` (`wgmma`: the sm_90a one, else

@@ -126,9 +126,16 @@ fn a_planted_mismatch_is_reported() {
     let ptx = std::fs::read_to_string(ptx_path(&repo_root(), "sm_90a")).unwrap();
     // A kernel the registry places elsewhere, and bounds changed.
     let stage2 = registry::SM100_STAGE2[0].name;
-    let planted = ptx
-        .replacen(".minnctapersm 3", ".minnctapersm 2", 1)
-        .replacen(
+    // Stage 1's own bounds (other kernels have the same value).
+    let at = ptx
+        .find(&format!(".entry {}(", registry::STAGE1.name))
+        .expect("stage 1 in the PTX");
+    let (head, tail) = ptx.split_at(at);
+    let planted = format!(
+        "{head}{}",
+        tail.replacen(".minnctapersm 3", ".minnctapersm 2", 1)
+    )
+    .replacen(
             ".visible .entry cast_f32_to_bf16(",
             &format!(".visible .entry {stage2}(\n.param .align 64 .b8 {stage2}_param_0[368]\n)\n{{\n}}\n.visible .entry cast_f32_to_bf16("),
             1,

@@ -1,33 +1,29 @@
 //! The forward kernels' context and loads: the row's context ([`Row`]),
-//! key ids (copied [`IDS_AHEAD`] chunks ahead of their gather), the gather
-//! of a chunk's K rows with each slot's validity, and the row's q tile and
-//! weights.
+//! key ids (copied [`super::ids_ahead`] chunks ahead of their gather, one slot per
+//! thread), their resolution into key rows ([`resolve`], by the thread
+//! that copied them, one iteration before the gather), the gather of a
+//! chunk's K rows, and the row's q tile and weights.
 //!
 //! The wgmma kernel's loads are all `cp.async`, committed as one group per
 //! chunk: the group of chunk `c` holds its K rows and the key ids of chunk
-//! `c + IDS_AHEAD`; the prologue's, the q tile and the first chunks' ids. A thread
-//! that waits for the group of chunk `c` (at most one younger group in
-//! flight) has its own copies of both, and a barrier after that wait makes
-//! them everyone's.
+//! `c + ids_ahead`; the prologue's, the q tile and the first chunks' ids.
+//! Thread `t < CHUNK` copies and resolves slot `t` of every chunk, so its
+//! own wait for a group makes the ids it resolves visible to it; the
+//! resolved key rows reach the gathering threads through a barrier.
 
 use super::{
-    chunks, ids_i64, key_row, pieces, rows_per_pass, FwdSmem, CHUNK, ID_BYTES, K_BLOCK, MAX_PASSES,
-    ROW_BYTES, ROW_ELEMS, STAGES, THREADS,
+    batch_keys, chunks, ids_i64, key_row, pieces, rows_per_pass, FwdSmem, CHUNK, ID_BYTES, K_BLOCK,
+    ROW_BYTES, ROW_ELEMS, THREADS,
 };
-use crate::abi::{FwdParams, FLAG_FWD_DENSE};
+use crate::abi::{FwdParams, FLAG_FWD_DENSE, FLAG_LOCAL_IDS};
 use crate::ptx::smem::{self as sh, SmemAddr};
 use crate::ptx::{cp_async, cvt, sreg};
 use crate::score::narrow_id_words;
 
-/// Chunks ahead of its gather that a chunk's key ids are copied: the
-/// copy's group completes [`super::DIST`] chunks later and one barrier
-/// after that it is visible to every thread of the row.
-pub(super) const IDS_AHEAD: u32 = super::DIST + 1;
 /// Bytes of one id set (one chunk's ids).
 const ID_SET: u32 = CHUNK * ID_BYTES;
-// Chunk `c`'s ids live in set `c % STAGES` from their copy (at the gather
-// of chunk `c - IDS_AHEAD`) until their own gather: at most STAGES chunks.
-const _: () = assert!(IDS_AHEAD < STAGES);
+// One copying and resolving thread per slot.
+const _: () = assert!(CHUNK <= THREADS);
 
 /// What the kernels know of their launch and row.
 pub(super) struct Row<'a> {
@@ -46,6 +42,8 @@ pub(super) struct Row<'a> {
     pub n: u32,
     /// Dense: the key row of column 0.
     pub key_start: u32,
+    /// Local ids: the first key row of the row's batch (else 0).
+    pub first_key: u32,
     /// Head dimension (the wgmma kernel's loads).
     #[cfg_attr(not(kernels_arch = "sm_90a"), allow(dead_code))]
     pub d: u32,
@@ -81,6 +79,11 @@ impl<'a> Row<'a> {
             l,
             n,
             key_start,
+            first_key: if p.flags & FLAG_LOCAL_IDS != 0 {
+                batch_keys(p, row)
+            } else {
+                0
+            },
             d,
         }
     }
@@ -106,7 +109,7 @@ impl<'a> Row<'a> {
     /// The key row of slot `slot` (-1 padding) from its narrowed id.
     #[inline(always)]
     pub fn key_of(&self, slot: u32, id: i32) -> i32 {
-        key_row(self.p, self.row, slot, id, self.n, self.key_start)
+        key_row(self.p, self.first_key, slot, id, self.n, self.key_start)
     }
 
     /// The narrowed key id of slot `slot` read from global memory (the
@@ -134,123 +137,107 @@ impl<'a> Row<'a> {
         self.base.add(self.l.k + buf * super::k_bytes(self.d))
     }
 
-    /// The validity flags of K buffer `buf`.
+    /// Key set `set`: [`CHUNK`] resolved key rows (-1 padding).
     #[inline(always)]
-    pub fn valid(&self, buf: u32) -> SmemAddr {
-        self.base.add(self.l.valid + buf * CHUNK * 4)
+    pub fn keys(&self, set: u32) -> SmemAddr {
+        self.base.add(self.l.keys + set * CHUNK * 4)
     }
-}
-
-/// The rows of a chunk this thread gathers (one per pass, [`rows_per_pass`]
-/// apart) and its 16-byte piece of each.
-#[cfg_attr(not(kernels_arch = "sm_90a"), allow(dead_code))]
-#[inline(always)]
-fn my_rows(r: &Row<'_>) -> (u32, u32) {
-    (r.tid / pieces(r.d), r.tid % pieces(r.d))
 }
 
 /// Copies the key ids of chunk `c` (sparse; nothing in dense mode or past
-/// the row's chunks) into id set `c % STAGES`: one thread per slot (the
-/// one that gathers piece 0 of it), 4 or 8 bytes, zero past `cols` (where
-/// [`Row::key_of`] makes padding of any id).
+/// the row's chunks) into id set `c % id_sets`: thread `t < CHUNK` slot
+/// `t`'s, 4 or 8 bytes, zero past `cols` (where [`Row::key_of`] makes
+/// padding of any id).
 ///
 /// # Safety
-/// The launch contract; the set was last read before a barrier this
-/// thread passed.
+/// The launch contract; this thread last read its word of the set before
+/// a barrier it passed.
 #[cfg_attr(not(kernels_arch = "sm_90a"), allow(dead_code))]
 #[inline(always)]
 pub(super) unsafe fn copy_ids(r: &Row<'_>, c: u32) {
-    if r.dense() || c >= r.chunks() {
+    if r.dense() || c >= r.chunks() || r.tid >= CHUNK {
         return;
     }
-    let (first, piece) = my_rows(r);
-    if piece != 0 {
-        return;
-    }
-    let set = r.base.add(r.l.ids + (c % STAGES) * ID_SET);
+    let slot = c * CHUNK + r.tid;
     let wide = ids_i64(r.p);
     let width = if wide { 8 } else { 4 };
-    let mut i = 0;
-    while i < super::passes(r.d) {
-        let row = first + rows_per_pass(r.d) * i;
-        let slot = c * CHUNK + row;
-        let n = if slot < r.p.cols { width } else { 0 };
-        let src = if n > 0 {
-            // SAFETY: in bounds (slot < cols).
-            unsafe { (r.p.topk_indices as *const u8).add(r.flat(slot) * width as usize) }
+    let n = if slot < r.p.cols { width } else { 0 };
+    let src = if n > 0 {
+        // SAFETY: in bounds (slot < cols).
+        unsafe { (r.p.topk_indices as *const u8).add(r.flat(slot) * width as usize) }
+    } else {
+        r.p.topk_indices as *const u8
+    };
+    let dst = r
+        .base
+        .add(r.l.ids + (c % r.l.id_sets) * ID_SET + r.tid * ID_BYTES);
+    // SAFETY: this thread's slot of the set, aligned; src valid for n bytes
+    // (host-checked id tensor, aligned to its width).
+    unsafe {
+        if wide {
+            cp_async::copy_8(dst, src, n)
         } else {
-            r.p.topk_indices as *const u8
-        };
-        let dst = set.add(row * ID_BYTES);
-        // SAFETY: the set is this thread's slot, aligned; src valid for n
-        // bytes (host-checked id tensor, aligned to its width).
+            cp_async::copy_4(dst, src, n)
+        }
+    }
+}
+
+/// Resolves slot `t` of chunk `c` (thread `t < CHUNK`; nothing past the
+/// row's chunks) into key set `c % key_sets`: its key row from the id this
+/// thread copied (sparse) or the row's visible range (dense), -1 for
+/// padding. Returns whether the slot is valid.
+///
+/// # Safety
+/// Sparse: this thread's copy of the chunk's ids completed (its wait); the
+/// key set's word was last read before a barrier this thread passed.
+#[cfg_attr(not(kernels_arch = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub(super) unsafe fn resolve(r: &Row<'_>, c: u32) -> bool {
+    if r.tid >= CHUNK || c >= r.chunks() {
+        return false;
+    }
+    let id = if r.dense() {
+        0
+    } else {
+        let at = r
+            .base
+            .add(r.l.ids + (c % r.l.id_sets) * ID_SET + r.tid * ID_BYTES);
+        // SAFETY: the caller's contract; this thread's slot of the set.
         unsafe {
-            if wide {
-                cp_async::copy_8(dst, src, n)
+            if ids_i64(r.p) {
+                narrow_id_words(sh::ld_v2_u32(at))
             } else {
-                cp_async::copy_4(dst, src, n)
+                sh::ld_u32(at) as i32
             }
         }
-        i += 1;
-    }
+    };
+    let key = r.key_of(c * CHUNK + r.tid, id);
+    // SAFETY: this thread's word of the key set.
+    unsafe { sh::st_u32(r.keys(c % r.l.key_sets).add(4 * r.tid), key as u32) };
+    key >= 0
 }
 
-/// The resolved key rows (-1 padding) of this thread's rows of chunk `c`,
-/// from id set `c % STAGES` (sparse) or the row's visible range (dense).
+/// Gathers chunk `c`'s K rows (their key rows from key set `c % key_sets`)
+/// into K buffer `c % stages` as 64-column swizzle blocks (the wgmma A
+/// operand, K-major; padding rows zero-filled): each thread one 16-byte
+/// piece of one row per pass, [`rows_per_pass`] rows apart.
 ///
 /// # Safety
-/// Sparse: the set's copies completed and a barrier passed since.
+/// The chunk's key set was written before a barrier this thread passed;
+/// the K buffer was last read before a barrier this thread passed.
 #[cfg_attr(not(kernels_arch = "sm_90a"), allow(dead_code))]
 #[inline(always)]
-pub(super) unsafe fn key_rows(r: &Row<'_>, c: u32) -> [i32; MAX_PASSES] {
-    let (first, _) = my_rows(r);
-    let set = r.base.add(r.l.ids + (c % STAGES) * ID_SET);
-    let wide = ids_i64(r.p);
-    let mut keys = [-1i32; MAX_PASSES];
-    let mut i = 0;
-    while i < super::passes(r.d) {
-        let row = first + rows_per_pass(r.d) * i;
-        let id = if r.dense() {
-            0
-        } else {
-            let at = set.add(row * ID_BYTES);
-            // SAFETY: the caller's contract; in the set.
-            unsafe {
-                if wide {
-                    narrow_id_words(sh::ld_v2_u32(at))
-                } else {
-                    sh::ld_u32(at) as i32
-                }
-            }
-        };
-        keys[i as usize] = r.key_of(c * CHUNK + row, id);
-        i += 1;
-    }
-    keys
-}
-
-/// Gathers chunk `c`'s K rows (`keys`, from [`key_rows`]) into K buffer
-/// `c % STAGES` as 64-column swizzle blocks (the wgmma A operand, K-major;
-/// padding rows zero-filled) and, from the thread of piece 0, each row's
-/// validity. Returns whether any of this thread's rows is valid.
-///
-/// # Safety
-/// The buffer and its flags were last read before a barrier this thread
-/// passed; `keys` are rows of `index_k` or -1.
-#[cfg_attr(not(kernels_arch = "sm_90a"), allow(dead_code))]
-#[inline(always)]
-pub(super) unsafe fn gather(r: &Row<'_>, c: u32, keys: &[i32; MAX_PASSES]) -> bool {
-    let (first, piece) = my_rows(r);
-    let kb = r.kbuf(c % STAGES);
-    let flags = r.valid(c % STAGES);
+pub(super) unsafe fn gather(r: &Row<'_>, c: u32) {
+    let (first, piece) = (r.tid / pieces(r.d), r.tid % pieces(r.d));
+    let kb = r.kbuf(c % r.l.stages);
+    let keys = r.keys(c % r.l.key_sets);
     let row_bytes = (r.d * 2) as usize;
-    let mut any = false;
     let mut i = 0;
     while i < super::passes(r.d) {
         let row = first + rows_per_pass(r.d) * i;
-        let key = keys[i as usize];
+        // SAFETY: written by the slot's resolver before a barrier.
+        let key = unsafe { sh::ld_u32(keys.add(4 * row)) } as i32;
         let ok = key >= 0;
-        any |= ok;
         let src = if ok {
             // SAFETY: a valid key row of index_k.
             unsafe {
@@ -263,13 +250,8 @@ pub(super) unsafe fn gather(r: &Row<'_>, c: u32, keys: &[i32; MAX_PASSES]) -> bo
         // SAFETY: the caller's contract; 16-byte aligned (index_k is
         // 16-byte aligned, rows of D bf16 are whole pieces).
         unsafe { cp_async::copy_16(dst, src, if ok { 16 } else { 0 }) };
-        if piece == 0 {
-            // SAFETY: this thread's flag of the buffer.
-            unsafe { sh::st_u32(flags.add(4 * row), ok as u32) };
-        }
         i += 1;
     }
-    any
 }
 
 /// Copies the row's q tile (`h` heads x D) into the q region as 64-column

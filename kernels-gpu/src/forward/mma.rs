@@ -18,6 +18,8 @@ pub(super) trait Tile {
     const H: u32;
     /// Head dimension (its K).
     const D: u32;
+    /// The kernel's shared-memory layout and walk depth.
+    const L: super::FwdSmem = super::smem(Self::H, Self::D);
     /// The thread's accumulators of an `m64nH` tile.
     type Acc: Copy;
     /// Zeroed accumulators (the chains accumulate from the first step).
@@ -96,7 +98,7 @@ tile!(
     H128D128, 128, 128, two, fwd_m64n128_k128
 );
 
-/// The product of chunk `c` (K buffer `c % STAGES`) against the row's q
+/// The product of chunk `c` (K buffer `c % stages`) against the row's q
 /// tile.
 ///
 /// # Safety
@@ -104,7 +106,7 @@ tile!(
 /// tile complete, fenced for the async proxy and behind a barrier.
 #[inline(always)]
 pub(super) unsafe fn product<T: Tile>(r: &Row<'_>, c: u32) -> T::Acc {
-    let kb: SmemAddr = r.kbuf(c % super::STAGES);
+    let kb: SmemAddr = r.kbuf(c % r.l.stages);
     let q = r.base.add(r.l.q);
     let a0 = desc(kb.0, 16, ATOM_BYTES);
     let a1 = desc(kb.0 + super::K_BLOCK, 16, ATOM_BYTES);
@@ -116,18 +118,39 @@ pub(super) unsafe fn product<T: Tile>(r: &Row<'_>, c: u32) -> T::Acc {
     acc
 }
 
-/// The logits of this thread's two slots of the chunk (`16 w + g` and
-/// `+ 8`), the same in the four lanes of each quad.
+/// This thread's head weights for [`logits`]: element `2 j + e` is head
+/// `8 j + 2 (tid % 4) + e`'s, for `j < H / 8` (the rest zero).
 ///
 /// # Safety
-/// Full warps (the quad sums are shuffles); the weights are in shared
-/// memory behind a barrier.
+/// The weights are in shared memory behind a barrier.
 #[inline(always)]
-pub(super) unsafe fn logits<T: Tile>(r: &Row<'_>, acc: &T::Acc) -> [f32; 2] {
+pub(super) unsafe fn weights<T: Tile>(r: &Row<'_>) -> [f32; 32] {
     let c = 2 * (r.tid % 4);
-    // SAFETY: the caller's contract (col < H).
-    let l = super::fragment_logits(T::regs(acc), c, r.p.sm_scale, |col| unsafe {
-        super::load::weight(r, col)
+    let mut w = [0.0f32; 32];
+    let mut j = 0;
+    while j < T::H / 8 {
+        // SAFETY: the caller's contract; the heads are below H.
+        unsafe {
+            w[2 * j as usize] = super::load::weight(r, 8 * j + c);
+            w[2 * j as usize + 1] = super::load::weight(r, 8 * j + c + 1);
+        }
+        j += 1;
+    }
+    w
+}
+// H = 128 is the most heads: 16 column groups of 8.
+const _: () = assert!(2 * (128 / 8) == 32);
+
+/// The logits of this thread's two slots of the chunk (`16 w + g` and
+/// `+ 8`), the same in the four lanes of each quad; `w` from [`weights`].
+///
+/// # Safety
+/// Full warps (the quad sums are shuffles).
+#[inline(always)]
+pub(super) unsafe fn logits<T: Tile>(r: &Row<'_>, acc: &T::Acc, w: &[f32; 32]) -> [f32; 2] {
+    let c = 2 * (r.tid % 4);
+    let l = super::fragment_logits(T::regs(acc), c, r.p.sm_scale, |col| {
+        w[2 * (col / 8) as usize + (col % 2) as usize]
     });
     // SAFETY: full warps.
     unsafe { [sync::quad_sum_f32(l[0]), sync::quad_sum_f32(l[1])] }

@@ -7,18 +7,20 @@
 //! Two kernels compute it, one CTA of [`THREADS`] threads per query row,
 //! walking the row's slots in chunks of [`CHUNK`]:
 //! - the wgmma kernel (sm_90a, `wg`): K rows gathered by `cp.async` into
-//!   128-byte-swizzled shared memory [`DIST`] chunks ahead of use, one
+//!   128-byte-swizzled shared memory one or two chunks ahead of use
+//!   (per shape, [`residency`]: rows in flight per SM first), one
 //!   `wgmma` product `S^T = K q^T` per chunk (M = 64 slots, N = H heads,
 //!   K = D) with the row's q tile as the B operand, the head sum in
 //!   registers;
 //! - the portable kernel (every target, `rows`): the same walk with plain
 //!   loads and FMAs, for GPUs without a wgmma module (and tests).
 //!
-//! Both write each valid slot's logit as soon as its chunk is done, keep a
-//! running maximum and scaled sum per thread ([`Lse`]), merge those in a
-//! fixed order at the row's end, and then rewrite the row's slots as
-//! probabilities or log-probabilities (sparse) or zero the columns past
-//! the visible ones (dense). Every sum runs in a fixed order, so the
+//! Both store every slot's logit as soon as its chunk is done (padding
+//! slots the marker [`PAD_MARK`]), keep a running maximum and scaled sum
+//! per thread ([`Lse`]), merge those in a fixed order at the row's end,
+//! and then rewrite the row's slots as probabilities or log-probabilities
+//! (sparse) or zero the columns past the visible ones (dense), reading
+//! back only the stored values. Every sum runs in a fixed order, so the
 //! outputs are bitwise reproducible.
 //!
 //! This module is plain Rust shared by the kernels and the host (sizes,
@@ -48,12 +50,36 @@ pub const CHUNK: u32 = 64;
 pub const THREADS: u32 = 128;
 /// Warps per CTA.
 pub const WARPS: u32 = THREADS / 32;
-/// Chunks of K rows in flight ahead of the one being multiplied.
-pub const DIST: u32 = 2;
-/// K buffers of the wgmma kernel: the chunk being multiplied, [`DIST`]
-/// in flight, and the one being filled, whose buffer was last read two
+/// The most chunks of K rows the wgmma kernel keeps in flight ahead of
+/// the one being multiplied (its `dist`, per shape: [`residency`]).
+pub const MAX_DIST: u32 = 2;
+/// The most resident CTAs per SM the wgmma kernels are built for.
+pub const MAX_CTAS_PER_SM: u32 = 3;
+/// K buffers of the wgmma kernel: the chunk being multiplied, `dist` in
+/// flight, and the one being filled, whose buffer was last read two
 /// barriers earlier (so a gather never waits for another warp's product).
-pub const STAGES: u32 = DIST + 2;
+pub const fn stages(dist: u32) -> u32 {
+    dist + 2
+}
+/// Chunks ahead of its gather that a chunk's key ids are copied: the
+/// copy's group completes `dist` chunks later, in time for the chunk's
+/// resolution one iteration before its gather.
+pub const fn ids_ahead(dist: u32) -> u32 {
+    dist + 1
+}
+/// Id sets: a chunk's ids live from their copy to their resolution, one
+/// iteration before the gather, and a set is copied into again only after
+/// a barrier past that read.
+pub const fn id_sets(dist: u32) -> u32 {
+    ids_ahead(dist) + 1
+}
+/// Resolved key sets: chunk `c`'s key rows are written one iteration
+/// before its gather and read by its gather and by its logits' stores
+/// `dist` iterations after the gather, then rewritten only after a
+/// barrier past that read.
+pub const fn key_sets(dist: u32) -> u32 {
+    dist + 3
+}
 /// Bytes per slot of an id set: room for an i64 id.
 pub const ID_BYTES: u32 = 8;
 /// Bytes per swizzled row (64 bf16), and of one column block of a tile.
@@ -65,8 +91,9 @@ pub const ALIGN_SLACK: u32 = 1024;
 /// Shared memory of one H100/H200 SM, and what the driver keeps per CTA.
 const SMEM_PER_SM: u32 = 228 * 1024;
 const SMEM_RESERVED_PER_CTA: u32 = 1024;
-/// Resident CTAs per SM the kernels are built for (launch bounds).
-pub const CTAS_PER_SM: u32 = 2;
+/// Resident CTAs per SM the portable kernels are built for (launch
+/// bounds); the wgmma kernels' are per shape ([`residency`]).
+pub const ROWS_CTAS_PER_SM: u32 = 2;
 
 /// Heads and head dimensions the kernels are built for.
 pub const HEADS: [u32; 4] = [16, 32, 64, 128];
@@ -86,8 +113,6 @@ pub const fn rows_per_pass(d: u32) -> u32 {
 pub const fn passes(d: u32) -> u32 {
     CHUNK / rows_per_pass(d)
 }
-/// The most passes of any D: the length of the per-thread id arrays.
-pub const MAX_PASSES: usize = passes(128) as usize;
 
 /// Byte offsets of one kernel's shared-memory regions (from the 1024-byte
 /// aligned base) for `h` heads and head dimension `d`.
@@ -98,22 +123,32 @@ pub struct FwdSmem {
     pub q: u32,
     /// Bytes between the q tile's column blocks.
     pub q_block: u32,
-    /// [`STAGES`] K chunk buffers of `d / 64` blocks of [`CHUNK`] swizzled
+    /// [`stages`] K chunk buffers of `d / 64` blocks of [`CHUNK`] swizzled
     /// rows, [`k_bytes`] apart (the portable kernel: one unswizzled chunk).
     pub k: u32,
     /// The row's weights as f32, `h` values.
     pub w: u32,
-    /// Validity of each slot of each K buffer, [`STAGES`] sets of
-    /// [`CHUNK`] u32 (1 valid, 0 padding).
-    pub valid: u32,
+    /// Resolved key rows, [`key_sets`] sets of [`CHUNK`] i32 (-1
+    /// padding); the portable kernel keeps its chunk's validity flags in
+    /// set 0.
+    pub keys: u32,
     /// The warps' softmax partials ([`Lse`], two f32 each), then the row's
     /// log-sum-exp.
     pub lse: u32,
     /// The portable kernel's second-half head sums, [`CHUNK`] f32.
     pub part: u32,
-    /// Key ids, [`STAGES`] sets of [`CHUNK`] slots of [`ID_BYTES`] (an
+    /// Key ids, [`id_sets`] sets of [`CHUNK`] slots of [`ID_BYTES`] (an
     /// i64 id, or an i32 one in the first four bytes).
     pub ids: u32,
+    /// Chunks the walk gathers ahead of the one it multiplies (1 or
+    /// [`MAX_DIST`]); the set counts follow from it.
+    pub dist: u32,
+    /// K buffers ([`stages`] of `dist`).
+    pub stages: u32,
+    /// Resolved key sets ([`key_sets`] of `dist`).
+    pub key_sets: u32,
+    /// Id sets ([`id_sets`] of `dist`).
+    pub id_sets: u32,
     /// Bytes used after the aligned base.
     pub used: u32,
     /// Dynamic shared memory to request (used + alignment slack).
@@ -127,9 +162,38 @@ pub const fn k_bytes(d: u32) -> u32 {
 /// Bytes of one column block (64 of D) of a K chunk buffer.
 pub const K_BLOCK: u32 = CHUNK * ROW_BYTES;
 
-/// The wgmma kernel's layout for `h` heads and head dimension `d`.
+/// Whether `ctas` CTAs of layout `l` fit on one SM.
+const fn fits(l: FwdSmem, ctas: u32) -> bool {
+    ctas * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM
+}
+
+/// The wgmma kernel's layout for `h` x `d` with `dist` chunks in flight.
+const fn wg_layout(h: u32, d: u32, dist: u32) -> FwdSmem {
+    layout(h, d, stages(dist) * k_bytes(d), dist)
+}
+
+/// `(CTAs per SM, dist)` of the wgmma kernel for `h` heads and head
+/// dimension `d`. A row's walk is a chain of latencies, so rows in flight
+/// per SM come first: the most CTAs (up to [`MAX_CTAS_PER_SM`]) whose
+/// layout fits with one chunk in flight, then [`MAX_DIST`] chunks in
+/// flight where that layout still fits as many.
+pub const fn residency(h: u32, d: u32) -> (u32, u32) {
+    let mut ctas = MAX_CTAS_PER_SM;
+    while ctas > 1 && !fits(wg_layout(h, d, 1), ctas) {
+        ctas -= 1;
+    }
+    let dist = if fits(wg_layout(h, d, MAX_DIST), ctas) {
+        MAX_DIST
+    } else {
+        1
+    };
+    (ctas, dist)
+}
+
+/// The wgmma kernel's layout for `h` heads and head dimension `d` (its
+/// `dist` from [`residency`]).
 pub const fn smem(h: u32, d: u32) -> FwdSmem {
-    layout(h, d, STAGES * k_bytes(d))
+    wg_layout(h, d, residency(h, d).1)
 }
 
 /// Words per K row in the portable kernel's shared memory: `d / 2` words
@@ -141,31 +205,36 @@ pub const fn rows_stride_words(d: u32) -> u32 {
 
 /// The portable kernel's layout: one padded, unswizzled K chunk.
 pub const fn rows_smem(h: u32, d: u32) -> FwdSmem {
-    layout(h, d, align(CHUNK * rows_stride_words(d) * 4, 1024))
+    layout(h, d, align(CHUNK * rows_stride_words(d) * 4, 1024), 1)
 }
 
-/// Regions in order, the K region `k_total` bytes.
-const fn layout(h: u32, d: u32, k_total: u32) -> FwdSmem {
+/// Regions in order, the K region `k_total` bytes, the sets of a walk
+/// with `dist` chunks in flight.
+const fn layout(h: u32, d: u32, k_total: u32, dist: u32) -> FwdSmem {
     let q = 0;
     let q_block = h * ROW_BYTES;
     let k = align(q + q_block * (d / ROW_ELEMS), 1024);
     let w = k + k_total;
-    let valid = w + h * 4;
-    let lse = valid + STAGES * CHUNK * 4;
+    let keys = w + h * 4;
+    let lse = keys + key_sets(dist) * CHUNK * 4;
     let part = lse + (WARPS * 2 + 4) * 4;
     let ids = part + CHUNK * 4;
-    let used = ids + STAGES * CHUNK * ID_BYTES;
+    let used = ids + id_sets(dist) * CHUNK * ID_BYTES;
     FwdSmem {
         q,
         q_block,
         k,
         w,
-        valid,
+        keys,
         lse,
         part,
         ids,
         used,
         bytes: used + ALIGN_SLACK,
+        dist,
+        stages: stages(dist),
+        key_sets: key_sets(dist),
+        id_sets: id_sets(dist),
     }
 }
 
@@ -173,8 +242,13 @@ const fn align(x: u32, a: u32) -> u32 {
     x.div_ceil(a) * a
 }
 
-/// The layout of every shape fits [`CTAS_PER_SM`] CTAs on one SM, and the
-/// tiles start on 1024-byte swizzle-pattern boundaries.
+// The walk's set rings (`wg`): ids copied before they are resolved, each
+// chunk's live bit kept in a ring of 8 from its resolution to its product.
+const _: () = assert!(ids_ahead(MAX_DIST) < id_sets(MAX_DIST) && MAX_DIST + 2 < 8);
+
+/// The layout of every shape fits its [`residency`] on one SM (the
+/// portable kernel's [`ROWS_CTAS_PER_SM`]), and the tiles start on
+/// 1024-byte swizzle-pattern boundaries.
 const _: () = {
     let mut i = 0;
     while i < HEADS.len() {
@@ -182,7 +256,8 @@ const _: () = {
         while j < DIMS.len() {
             let (h, d) = (HEADS[i], DIMS[j]);
             let l = smem(h, d);
-            assert!(CTAS_PER_SM * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
+            let (ctas, dist) = residency(h, d);
+            assert!(ctas >= 2 && fits(l, ctas) && (dist == 1 || dist == MAX_DIST));
             assert!(
                 l.q.is_multiple_of(1024)
                     && l.k.is_multiple_of(1024)
@@ -192,14 +267,14 @@ const _: () = {
             // a block of 16 heads (the smallest) 2048 bytes.
             assert!(l.q_block.is_multiple_of(1024));
             assert!(l.w.is_multiple_of(16) && l.lse.is_multiple_of(8) && l.ids.is_multiple_of(8));
-            // Every thread gathers whole passes; the id arrays hold them.
+            assert!(l.keys.is_multiple_of(16) && l.lse >= l.keys + l.key_sets * CHUNK * 4);
+            // Every thread gathers whole passes.
             assert!(THREADS.is_multiple_of(pieces(d)) && CHUNK.is_multiple_of(rows_per_pass(d)));
-            assert!(passes(d) as usize <= MAX_PASSES);
             // The portable kernel keeps a q tile of h rows of d bf16 in the
             // q region, and fits 12.x GPUs (99 KiB per block).
             let rl = rows_smem(h, d);
             assert!(h * d * 2 <= rl.k - rl.q && rl.bytes <= 99 * 1024);
-            assert!(CTAS_PER_SM * (rl.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
+            assert!(fits(rl, ROWS_CTAS_PER_SM));
             j += 1;
         }
         i += 1;
@@ -207,22 +282,21 @@ const _: () = {
     // One warpgroup: the wgmma product's M = 64 rows are its four warps'.
     assert!(THREADS == 128 && CHUNK == 64 && WARPS == 4);
     // The registry launches every forward kernel with these threads and
-    // this residency.
+    // its shape's residency (registry order: HEADS x DIMS).
     assert!(crate::registry::FWD_THREADS == THREADS);
     let mut k = 0;
     while k < crate::registry::FWD_WG.len() {
         let (a, b) = (crate::registry::FWD_WG[k], crate::registry::FWD_ROWS[k]);
+        let (h, d) = (HEADS[k / DIMS.len()], DIMS[k % DIMS.len()]);
         assert!(a.threads == THREADS && b.threads == THREADS);
-        assert!(matches!(
-            a.bounds,
-            crate::registry::Bounds::Exact {
-                min_ctas: CTAS_PER_SM
-            }
-        ));
+        let want = residency(h, d).0;
+        assert!(
+            matches!(a.bounds, crate::registry::Bounds::Exact { min_ctas } if min_ctas == want)
+        );
         assert!(matches!(
             b.bounds,
             crate::registry::Bounds::Exact {
-                min_ctas: CTAS_PER_SM
+                min_ctas: ROWS_CTAS_PER_SM
             }
         ));
         k += 1;
@@ -242,12 +316,27 @@ pub const fn chunks(n: u32) -> u32 {
     n.div_ceil(CHUNK)
 }
 
-/// The key row slot `slot` of query row `row` reads, or -1 for padding:
+/// The first key row of query row `row`'s batch (`(row / S_q) S_k`):
+/// where its local ids start.
+#[inline(always)]
+pub fn batch_keys(p: &FwdParams, row: u32) -> u32 {
+    (row / p.seq_q) * p.seq_k
+}
+
+/// The key row slot `slot` of a query row reads, or -1 for padding:
 /// sparse, the id `id` (already narrowed, [`crate::score::narrow_id`])
-/// resolved by the plan's convention; dense, `key_start + slot` for
+/// resolved by the plan's convention (local ids from the row's
+/// [`batch_keys`], `first_key`); dense, `key_start + slot` for
 /// `slot < visible`.
 #[inline(always)]
-pub fn key_row(p: &FwdParams, row: u32, slot: u32, id: i32, visible: u32, key_start: u32) -> i32 {
+pub fn key_row(
+    p: &FwdParams,
+    first_key: u32,
+    slot: u32,
+    id: i32,
+    visible: u32,
+    key_start: u32,
+) -> i32 {
     if slot >= p.cols {
         return -1;
     }
@@ -263,7 +352,7 @@ pub fn key_row(p: &FwdParams, row: u32, slot: u32, id: i32, visible: u32, key_st
     }
     if p.flags & FLAG_LOCAL_IDS != 0 {
         if (id as u32) < p.seq_k {
-            ((row / p.seq_q) * p.seq_k + id as u32) as i32
+            (first_key + id as u32) as i32
         } else {
             -1
         }
@@ -430,20 +519,42 @@ pub fn lnf(x: f32) -> f32 {
     (2.0 * z * p + ef * LN2_LO) + ef * LN2_HI
 }
 
+/// What the walk stores at a padding slot before the row's end: a NaN
+/// whose payload no arithmetic produces (the GPU's NaN results are the
+/// canonical `0x7fffffff`, and an f32 widened from a bf16 NaN has zero low
+/// bits), so the rewrite tells padding from a NaN logit by the bits alone.
+pub const PAD_MARK: u32 = 0xffba_dbad;
+
 /// What the row's rewrite writes at a slot: sparse, the probability
 /// `exp(l - lse)` (or the log-probability `l - lse` when `log`) of a valid
 /// slot and 0 (`-inf`) at padding; dense, the raw logit `l` of a visible
-/// column and 0 past the visible ones.
+/// column and 0 past the visible ones. `exp` is the exponential used.
 #[inline(always)]
-pub fn output(valid: bool, l: f32, lse: f32, dense: bool, log: bool) -> f32 {
+pub fn output(
+    valid: bool,
+    l: f32,
+    lse: f32,
+    dense: bool,
+    log: bool,
+    exp: impl Fn(f32) -> f32,
+) -> f32 {
     match (dense, valid, log) {
         (true, true, _) => l,
         (true, false, _) => 0.0,
         (false, true, true) => l - lse,
-        (false, true, false) => crate::score::expf(l - lse),
+        (false, true, false) => exp(l - lse),
         (false, false, true) => f32::NEG_INFINITY,
         (false, false, false) => 0.0,
     }
+}
+
+/// `e^x` from the hardware's `2^x` (`ex2.approx.ftz`, relative error
+/// about 2^-22) on `x log2(e)`: the kernels' exponential. `-inf` gives 0,
+/// NaN NaN; results below the smallest normal f32 flush to 0.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    crate::ptx::arith::ex2_approx_ftz(x * core::f32::consts::LOG2_E)
 }
 
 #[cfg(test)]
@@ -619,26 +730,51 @@ mod tests {
             cols: 4,
             ..FwdParams::default()
         };
-        assert_eq!(key_row(&p, 4, 0, 7, 0, 0), 7);
-        assert_eq!(key_row(&p, 4, 0, 10, 0, 0), -1);
-        assert_eq!(key_row(&p, 4, 0, -1, 0, 0), -1);
-        assert_eq!(key_row(&p, 4, 4, 1, 0, 0), -1, "slot past cols");
+        assert_eq!(batch_keys(&p, 4), 5, "row 4 is batch 1");
+        assert_eq!(key_row(&p, batch_keys(&p, 4), 0, 7, 0, 0), 7);
+        assert_eq!(key_row(&p, batch_keys(&p, 4), 0, 10, 0, 0), -1);
+        assert_eq!(key_row(&p, batch_keys(&p, 4), 0, -1, 0, 0), -1);
+        assert_eq!(
+            key_row(&p, batch_keys(&p, 4), 4, 1, 0, 0),
+            -1,
+            "slot past cols"
+        );
         p.flags = FLAG_LOCAL_IDS;
-        assert_eq!(key_row(&p, 4, 0, 2, 0, 0), 7, "row 4 is batch 1");
-        assert_eq!(key_row(&p, 4, 0, 5, 0, 0), -1, "never the next batch");
+        assert_eq!(
+            key_row(&p, batch_keys(&p, 4), 0, 2, 0, 0),
+            7,
+            "row 4 is batch 1"
+        );
+        assert_eq!(
+            key_row(&p, batch_keys(&p, 4), 0, 5, 0, 0),
+            -1,
+            "never the next batch"
+        );
         p.flags = FLAG_FWD_DENSE;
-        assert_eq!(key_row(&p, 1, 2, 0, 3, 10), 12);
-        assert_eq!(key_row(&p, 1, 3, 0, 3, 10), -1);
+        assert_eq!(key_row(&p, 0, 2, 0, 3, 10), 12);
+        assert_eq!(key_row(&p, 0, 3, 0, 3, 10), -1);
+    }
+
+    #[test]
+    fn the_padding_mark_is_a_nan_no_arithmetic_makes() {
+        let m = f32::from_bits(PAD_MARK);
+        assert!(m.is_nan());
+        assert_ne!(PAD_MARK, 0x7fff_ffff, "the GPU's canonical NaN");
+        assert_ne!(PAD_MARK & 0xffff, 0, "a bf16 NaN widened has zero low bits");
+        assert_ne!(PAD_MARK, f32::NAN.to_bits());
     }
 
     #[test]
     fn outputs_by_mode() {
-        assert_eq!(output(true, 2.0, 2.0, false, false), 1.0);
-        assert_eq!(output(true, 1.0, 3.0, false, true), -2.0);
-        assert_eq!(output(false, 1.0, 3.0, false, true), f32::NEG_INFINITY);
-        assert_eq!(output(false, 1.0, 3.0, false, false), 0.0);
-        assert_eq!(output(true, 5.0, 3.0, true, false), 5.0);
-        assert_eq!(output(false, 5.0, 3.0, true, true), 0.0);
+        assert_eq!(output(true, 2.0, 2.0, false, false, expf), 1.0);
+        assert_eq!(output(true, 1.0, 3.0, false, true, expf), -2.0);
+        assert_eq!(
+            output(false, 1.0, 3.0, false, true, expf),
+            f32::NEG_INFINITY
+        );
+        assert_eq!(output(false, 1.0, 3.0, false, false, expf), 0.0);
+        assert_eq!(output(true, 5.0, 3.0, true, false, expf), 5.0);
+        assert_eq!(output(false, 5.0, 3.0, true, true, expf), 0.0);
     }
 
     #[test]
@@ -648,8 +784,32 @@ mod tests {
         let l = smem(64, 128);
         assert_eq!(l.q_block, 8192);
         assert_eq!(l.k, 16384);
-        assert_eq!(l.w, l.k + 4 * 16384);
+        assert_eq!((l.dist, l.stages, l.key_sets, l.id_sets), (1, 3, 4, 3));
+        assert_eq!(l.w, l.k + 3 * 16384);
         assert!(supports(8192, 2048) && !supports(0, 1) && !supports(1, 0));
         assert_eq!([0, 1, 64, 65, 2048].map(chunks), [0, 1, 1, 2, 32]);
+    }
+
+    #[test]
+    fn residency_puts_rows_in_flight_first() {
+        let want = [
+            ((16, 64), (3, 2)),
+            ((16, 128), (3, 2)),
+            ((32, 64), (3, 2)),
+            ((32, 128), (3, 1)),
+            ((64, 64), (3, 2)),
+            ((64, 128), (3, 1)),
+            ((128, 64), (3, 2)),
+            ((128, 128), (2, 2)),
+        ];
+        for ((h, d), r) in want {
+            assert_eq!(residency(h, d), r, "{h} x {d}");
+            let (ctas, dist) = r;
+            assert!(fits(smem(h, d), ctas), "{h} x {d}");
+            // No more CTAs fit with one chunk in flight (below the cap),
+            // and a deeper walk does not fit as many.
+            assert!(ctas == MAX_CTAS_PER_SM || !fits(wg_layout(h, d, 1), ctas + 1));
+            assert!(dist == MAX_DIST || !fits(wg_layout(h, d, MAX_DIST), ctas));
+        }
     }
 }

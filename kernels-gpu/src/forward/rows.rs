@@ -9,16 +9,15 @@
 //! `q . k` against the q tile (one word read by the whole warp at a time),
 //! the half's head sum; the second half's sums pass through shared memory
 //! to the first, which adds them (first half + second half) and stores the
-//! logit. The walk and the row's end are the wgmma kernel's
-//! ([`super::softmax`]).
+//! logit (or [`PAD_MARK`] at padding). The row's end is the wgmma
+//! kernel's ([`super::softmax`]).
 
 use super::load::{load_weights, Row};
 use super::softmax::{rewrite, row_lse};
-use super::{head_term, pieces, rows_smem, Lse, CHUNK, THREADS};
+use super::{exp_fast, head_term, pieces, rows_smem, Lse, CHUNK, PAD_MARK, THREADS};
 use crate::abi::FwdParams;
 use crate::ptx::smem::{self as sh, SmemAddr};
 use crate::ptx::{cvt, global, sync};
-use crate::score::expf;
 
 use super::rows_stride_words as stride_words;
 // Each thread takes one slot of one head half.
@@ -63,7 +62,7 @@ pub(super) unsafe fn forward_rows<const H: u32, const D: u32>(p: &FwdParams) {
     unsafe { load_weights(&r, H) };
     let (slot, half) = (r.tid % CHUNK, r.tid / CHUNK);
     let part = r.base.add(r.l.part);
-    let flags = r.valid(0);
+    let flags = r.keys(0);
     let mut lse = Lse::EMPTY;
     let mut c = 0;
     while c < r.chunks() {
@@ -82,12 +81,17 @@ pub(super) unsafe fn forward_rows<const H: u32, const D: u32>(p: &FwdParams) {
         }
         // SAFETY: uniform control flow, every thread.
         unsafe { sync::bar_sync() };
-        if half == 0 && valid {
+        if half == 0 && c * CHUNK + slot < p.cols {
             // SAFETY: written before the barrier.
             let l = sum + unsafe { sh::ld_f32(part.add(4 * slot)) };
+            let bits = if valid {
+                lse.push(l, exp_fast);
+                l.to_bits()
+            } else {
+                PAD_MARK
+            };
             // SAFETY: a slot of the row.
-            unsafe { *(p.score as *mut f32).add(r.flat(c * CHUNK + slot)) = l };
-            lse.push(l, expf);
+            unsafe { *(p.score as *mut u32).add(r.flat(c * CHUNK + slot)) = bits };
         }
         // SAFETY: uniform control flow, every thread: the next chunk's
         // loads rewrite K rows, flags and sums read above.
@@ -102,7 +106,8 @@ pub(super) unsafe fn forward_rows<const H: u32, const D: u32>(p: &FwdParams) {
 }
 
 /// Loads chunk `c`'s K rows (padding rows zero) into `kb` as rows of
-/// [`stride_words`] words, and each slot's validity into `flags`.
+/// [`stride_words`] words, and each slot's validity (1 or 0) into `flags`
+/// (key set 0).
 ///
 /// # Safety
 /// The launch contract; nobody reads the regions until the next barrier.

@@ -1,14 +1,13 @@
 //! The row's end, common to both forward kernels: the threads' running
 //! softmax normalisers ([`Lse`]) merged in a fixed order (a butterfly over
 //! each warp's lanes, then the warps in order), the row's log-sum-exp
-//! written, and the row's slots rewritten from logits into their outputs
-//! ([`super::output`]).
+//! written, and the row's slots rewritten from the walk's stores (logits,
+//! or [`PAD_MARK`] at padding) into their outputs ([`super::output`]).
 
 use super::load::Row;
-use super::{output, Lse, THREADS, WARPS};
+use super::{exp_fast, output, Lse, PAD_MARK, THREADS, WARPS};
 use crate::abi::FLAG_LOG_SCORE;
 use crate::ptx::{smem as sh, sync};
-use crate::score::expf;
 
 /// The row's log-sum-exp from every thread's normaliser `mine`, in every
 /// thread.
@@ -30,7 +29,7 @@ pub(super) unsafe fn row_lse(r: &Row<'_>, mine: Lse) -> f32 {
         };
         // Both lanes of a pair compute the same merge (`max` and `+` are
         // symmetric), so every lane ends with the warp's total.
-        a.merge(o, expf);
+        a.merge(o, exp_fast);
         mask /= 2;
     }
     let at = r.base.add(r.l.lse);
@@ -55,49 +54,65 @@ pub(super) unsafe fn row_lse(r: &Row<'_>, mine: Lse) -> f32 {
                 s: sh::ld_f32(at.add(8 * w + 4)),
             }
         };
-        t.merge(o, expf);
+        t.merge(o, exp_fast);
         w += 1;
     }
     t.value()
 }
 
+/// Slots of a thread's rewrite loaded before the first is stored back.
+const REWRITE_BATCH: u32 = 4;
+
 /// Writes the row's log-sum-exp and rewrites its slots: sparse, every
-/// slot from its logit (written by the walk at valid slots) to its
+/// slot from the walk's store (a logit, or [`PAD_MARK`] at padding) to its
 /// probability or log-probability, padding to 0 or `-inf`; dense, zeros
 /// past the visible columns (the walk wrote the raw logits of the others).
+/// Each thread loads [`REWRITE_BATCH`] of its slots before it stores them.
 ///
 /// # Safety
-/// After [`row_lse`] (the walk's stores are ordered before its barrier);
-/// the launch contract.
+/// After [`row_lse`] (the walk's stores of every slot below the walked
+/// chunks' end are ordered before its barrier); the launch contract.
 #[inline(always)]
 pub(super) unsafe fn rewrite(r: &Row<'_>, lse: f32) {
     let p = r.p;
     let log = p.flags & FLAG_LOG_SCORE != 0;
     let dense = r.dense();
-    let score = p.score as *mut f32;
+    let score = p.score as *mut u32;
     if r.tid == 0 {
         // SAFETY: one f32 per row.
         unsafe { *(p.lse as *mut f32).add(r.row as usize) = lse };
     }
     let mut slot = if dense { r.n + r.tid } else { r.tid };
     while slot < p.cols {
-        let at = r.flat(slot);
-        let (valid, l) = if dense {
-            (false, 0.0)
-        } else {
-            // SAFETY: the launch contract; a valid slot's logit was
-            // written by the walk, before the barrier of `row_lse`.
-            unsafe {
-                let key = r.key_of(slot, r.global_id(slot));
-                if key >= 0 {
-                    (true, *score.add(at))
-                } else {
-                    (false, 0.0)
-                }
+        let mut v = [PAD_MARK; REWRITE_BATCH as usize];
+        let mut k = 0;
+        while k < REWRITE_BATCH {
+            let s = slot + k * THREADS;
+            if !dense && s < p.cols {
+                // SAFETY: in the row's slots, stored by the walk before
+                // the barrier of `row_lse`.
+                v[k as usize] = unsafe { *score.add(r.flat(s)) };
             }
-        };
-        // SAFETY: in the row's slots.
-        unsafe { *score.add(at) = output(valid, l, lse, dense, log) };
-        slot += THREADS;
+            k += 1;
+        }
+        let mut k = 0;
+        while k < REWRITE_BATCH {
+            let s = slot + k * THREADS;
+            if s < p.cols {
+                let bits = v[k as usize];
+                let out = output(
+                    bits != PAD_MARK,
+                    f32::from_bits(bits),
+                    lse,
+                    dense,
+                    log,
+                    exp_fast,
+                );
+                // SAFETY: in the row's slots.
+                unsafe { *score.add(r.flat(s)) = out.to_bits() };
+            }
+            k += 1;
+        }
+        slot += REWRITE_BATCH * THREADS;
     }
 }

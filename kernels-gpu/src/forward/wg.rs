@@ -1,97 +1,121 @@
 //! The wgmma forward kernel's body (sm_90a): one CTA of one warpgroup per
-//! query row, walking the row's chunks with [`DIST`] gathers in flight.
+//! query row, walking the row's chunks with `DIST` gathers in flight (the
+//! shape's `dist`, [`super::residency`]; `STAGES`, `IDS_AHEAD` and
+//! `KEY_SETS` below are its [`super::stages`], [`super::ids_ahead`] and
+//! [`super::key_sets`]).
 //!
-//! Iteration `it` of the walk gathers chunk `it` and multiplies chunk
-//! `it - DIST`:
+//! Iteration `it` of the walk gathers chunk `it`, resolves chunk `it + 1`
+//! and multiplies chunk `it - DIST`:
 //!
 //! ```text
-//! key rows of chunk it (ids copied IDS_AHEAD iterations ago) | gather it
-//! into K buffer it % STAGES, its validity flags | copy the ids of chunk
-//! it + IDS_AHEAD | commit | wait until DIST groups pend (chunk it - DIST
-//! and the ids of chunk it + 1 complete) | fence | barrier (popc: does
-//! chunk it hold a valid slot?) | chunk it - DIST, if it holds one: wgmma,
-//! logits, stores of its valid slots' logits, the running normaliser
+//! gather chunk it (key set it) into K buffer it % STAGES | copy the ids
+//! of chunk it + IDS_AHEAD | commit | wait until DIST groups pend (chunk
+//! it - DIST's K rows and chunk it + 1's ids complete) | resolve chunk
+//! it + 1 into key set it + 1 | fence | barrier (popc: does chunk it + 1
+//! hold a valid slot?) | chunk it - DIST: if it holds one, wgmma and
+//! logits; every slot's store (the logit, or PAD_MARK), the running
+//! normaliser
 //! ```
 //!
-//! Reuse: K buffer and flags `it % STAGES` were last read by the product
-//! and logits of chunk `it - STAGES`, in iteration `it - 2`, before the
-//! barrier of iteration `it - 1`; id set `(it + IDS_AHEAD) % STAGES` by the
-//! key rows of chunk `it + IDS_AHEAD - STAGES = it - 1`, before that same
-//! barrier. Every branch around a collective (the product, the quad sums,
-//! the barriers) is on a CTA-uniform value.
+//! Reuse (sets and buffers by chunk modulo their count): K buffer
+//! `it % STAGES` was last read by the product of chunk `it - STAGES`, in
+//! iteration `it - STAGES + DIST = it - 2`, before the barrier of
+//! iteration `it - 1`. Key set `(it + 1) % KEY_SETS` was last read by the
+//! stores of chunk `it + 1 - KEY_SETS`, in iteration
+//! `it + 1 - KEY_SETS + DIST = it - 2`, before the barrier of iteration
+//! `it - 1`. Id sets are private to their slot's thread, which
+//! resolves a chunk's ids before it copies into that set again. Every
+//! branch around a collective (the product, the quad sums, the barriers)
+//! is on a CTA-uniform value.
 
-use super::load::{copy_ids, copy_q, gather, key_rows, load_weights, Row, IDS_AHEAD};
-use super::mma::{logits, my_slots, product, Tile};
+use super::load::{copy_ids, copy_q, gather, load_weights, resolve, Row};
+use super::mma::{logits, my_slots, product, weights, Tile};
 use super::softmax::{rewrite, row_lse};
-use super::{smem, Lse, CHUNK, DIST, STAGES};
+use super::{exp_fast, ids_ahead, Lse, CHUNK, PAD_MARK};
 use crate::abi::FwdParams;
 use crate::ptx::{bulk, cp_async, smem as sh, sync};
-use crate::score::expf;
+
+/// Waits until at most `dist` (1 or 2) of this thread's `cp.async` groups
+/// pend.
+#[inline(always)]
+fn wait_pending(dist: u32) {
+    if dist == 1 {
+        cp_async::wait_group::<1>();
+    } else {
+        cp_async::wait_group::<2>();
+    }
+}
 
 /// The kernel body for the shape `T`.
 ///
 /// # Safety
 /// Launched with `super::THREADS` threads, one CTA per row (`p.rows`),
-/// `super::smem(T::H, T::D).bytes` of dynamic shared memory, and a
-/// `FwdParams` whose pointers and sizes the host validated for `T`.
+/// `T::L.bytes` of dynamic shared memory, and a `FwdParams` whose pointers
+/// and sizes the host validated for `T`.
 #[inline(always)]
 pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
     // SAFETY: the launch contract.
-    let r = unsafe { Row::new(p, T::D, smem(T::H, T::D)) };
+    let r = unsafe { Row::new(p, T::D, T::L) };
     let n = r.chunks();
+    let dist = T::L.dist;
+    let ahead = ids_ahead(dist);
     // Prologue: the q tile, the weights and the ids of the first
-    // IDS_AHEAD chunks, complete and visible before the walk.
+    // `ahead` chunks; chunk 0 resolved; all behind one barrier.
     // SAFETY: nothing read yet.
     unsafe {
         copy_q(&r, T::H);
         load_weights(&r, T::H);
         let mut c = 0;
-        while c < IDS_AHEAD {
+        while c < ahead {
             copy_ids(&r, c);
             c += 1;
         }
     }
     cp_async::commit_group();
     cp_async::wait_all();
+    // SAFETY: this thread's ids of chunk 0 are complete (waited).
+    let any = unsafe { resolve(&r, 0) };
     // SAFETY: uniform control flow, every thread.
-    unsafe { sync::bar_sync() };
+    let first = unsafe { sync::bar_red_popc(any) };
+    // SAFETY: the weights region is behind the barrier.
+    let w = unsafe { weights::<T>(&r) };
 
     let mut lse = Lse::EMPTY;
-    // Bit `c % STAGES`: chunk c holds a valid slot (set at its gather).
-    let mut live = 0u32;
+    // Bit `c % 8`: chunk c holds a valid slot (set at its resolution).
+    let mut live = (first > 0) as u32;
     let mut it = 0;
-    while it < n + DIST {
-        let mut any = false;
+    while it < n + dist {
         if it < n {
-            // SAFETY: the reuse rules above; the ids of chunk `it` were
-            // copied in group `it - IDS_AHEAD` (or the prologue), complete
-            // and behind the barrier of iteration `it - 1`.
+            // SAFETY: the reuse rules above; chunk it's key set was
+            // written before the barrier of iteration it - 1 (or the
+            // prologue's).
             unsafe {
-                let keys = key_rows(&r, it);
-                any = gather(&r, it, &keys);
-                copy_ids(&r, it + IDS_AHEAD);
+                gather(&r, it);
+                copy_ids(&r, it + ahead);
             }
         }
         cp_async::commit_group();
-        cp_async::wait_group::<DIST>();
+        wait_pending(dist);
+        // SAFETY: chunk it + 1's ids were copied by this thread in the
+        // group of iteration it + 1 - ahead = it - dist (or the
+        // prologue's), complete after the wait above.
+        let any = unsafe { resolve(&r, it + 1) };
         // cp.async writes are generic-proxy writes; wgmma reads through
         // the async proxy.
         bulk::fence_proxy_async_shared();
         // SAFETY: uniform control flow, every thread.
-        let valid_here = unsafe { sync::bar_red_popc(any) };
-        let bit = 1 << (it % STAGES);
-        live = if valid_here > 0 {
+        let valid_next = unsafe { sync::bar_red_popc(any) };
+        let bit = 1 << ((it + 1) % 8);
+        live = if valid_next > 0 {
             live | bit
         } else {
             live & !bit
         };
-        if it >= DIST {
-            let c = it - DIST;
-            if live & (1 << (c % STAGES)) != 0 {
-                // SAFETY: whole warpgroup, uniform branch; chunk c's K
-                // rows and the q tile complete, fenced, behind the barrier.
-                unsafe { chunk::<T>(&r, c, &mut lse) };
-            }
+        if it >= dist {
+            let c = it - dist;
+            // SAFETY: whole warpgroup, `live` CTA-uniform; chunk c's K
+            // rows and the q tile complete, fenced, behind the barrier.
+            unsafe { chunk::<T>(&r, c, live & (1 << (c % 8)) != 0, &w, &mut lse) };
         }
         it += 1;
     }
@@ -102,33 +126,48 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
     }
 }
 
-/// Chunk `c`: its product, its slots' logits, the stores of the valid
-/// ones and their mass in `lse`.
+/// Chunk `c`: its product and its slots' logits when `live` (some slot
+/// valid), then every slot's store: lanes 0 and 1 of each quad the
+/// quad's two slots, a valid slot's logit (added to `lse`) or
+/// [`PAD_MARK`].
 ///
 /// # Safety
-/// As the call in [`forward`].
+/// As the call in [`forward`]; `live` is the same in every thread.
 #[inline(always)]
-unsafe fn chunk<T: Tile>(r: &Row<'_>, c: u32, lse: &mut Lse) {
-    // SAFETY: forwarded.
-    let l = unsafe {
-        let acc = product::<T>(r, c);
-        logits::<T>(r, &acc)
+unsafe fn chunk<T: Tile>(r: &Row<'_>, c: u32, live: bool, w: &[f32; 32], lse: &mut Lse) {
+    let l = if live {
+        // SAFETY: forwarded (uniform branch).
+        unsafe {
+            let acc = product::<T>(r, c);
+            logits::<T>(r, &acc, w)
+        }
+    } else {
+        [0.0; 2]
     };
-    if r.tid % 4 != 0 {
+    let lane = r.tid % 4;
+    if lane >= 2 {
         return;
     }
-    let flags = r.valid(c % STAGES);
-    let score = r.p.score as *mut f32;
+    // Selects, not an index: a dynamic index would put the pair in local
+    // memory.
     let slots = my_slots(r.tid);
-    let mut k = 0;
-    while k < 2 {
-        let slot = slots[k];
-        // SAFETY: written at the chunk's gather, before a barrier passed.
-        if unsafe { sh::ld_u32(flags.add(4 * slot)) } != 0 {
-            // SAFETY: a slot of the row (valid slots are below cols).
-            unsafe { *score.add(r.flat(c * CHUNK + slot)) = l[k] };
-            lse.push(l[k], expf);
-        }
-        k += 1;
+    let (slot, x) = if lane == 0 {
+        (slots[0], l[0])
+    } else {
+        (slots[1], l[1])
+    };
+    if c * CHUNK + slot >= r.p.cols {
+        return;
     }
+    // SAFETY: written by the slot's resolver before a barrier passed; read
+    // again only after the next barrier (the reuse rules).
+    let key = unsafe { sh::ld_u32(r.keys(c % r.l.key_sets).add(4 * slot)) } as i32;
+    let bits = if key >= 0 {
+        lse.push(x, exp_fast);
+        x.to_bits()
+    } else {
+        PAD_MARK
+    };
+    // SAFETY: a slot of the row (below cols).
+    unsafe { *(r.p.score as *mut u32).add(r.flat(c * CHUNK + slot)) = bits };
 }
