@@ -91,23 +91,63 @@ impl Plan {
         bufs: &RawBuffers,
         loss_coeff: f32,
     ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.execute_raw_checked(stream, bufs, loss_coeff, true) }
+    }
+
+    /// [`Plan::execute_raw`] for a caller that already knows where its
+    /// buffers and stream live (PyTorch knows each tensor's device and
+    /// the device of its current stream): the same checks except the
+    /// driver queries of each address's device and of the stream's
+    /// context, which cost a driver call each.
+    ///
+    /// # Safety
+    /// As [`Plan::execute_raw`]; in addition every non-empty buffer is on
+    /// the plan's device and `stream` belongs to the plan's context (or is
+    /// null or a special handle).
+    pub unsafe fn execute_raw_on_plan_device(
+        &self,
+        stream: sys::CUstream,
+        bufs: &RawBuffers,
+        loss_coeff: f32,
+    ) -> Result<()> {
+        // SAFETY: forwarded; the residency is the caller's promise.
+        unsafe { self.execute_raw_checked(stream, bufs, loss_coeff, false) }
+    }
+
+    /// The body of both raw entries; `query_driver` asks the driver for
+    /// the stream's context and each address's device.
+    ///
+    /// # Safety
+    /// As [`Plan::execute_raw`] (and, without `query_driver`, as
+    /// [`Plan::execute_raw_on_plan_device`]).
+    unsafe fn execute_raw_checked(
+        &self,
+        stream: sys::CUstream,
+        bufs: &RawBuffers,
+        loss_coeff: f32,
+        query_driver: bool,
+    ) -> Result<()> {
         check_finite("loss_coeff", loss_coeff)?;
         let ctx = self.context();
         let _bound = crate::gpu::Bound::new(ctx)?;
-        // SAFETY: `stream` is valid by the caller's promise.
-        unsafe { check_stream(ctx, stream)? };
         let opts = self.options();
         args::grad_dtypes(opts, bufs.d_weights_dtype, bufs.d_index_k_dtype)?;
         let ws_needed = self.workspace_bytes();
         let list = raw_args(self.shape(), opts, bufs, ctx.cu_ctx());
         let ordinal = ctx.ordinal();
-        on_device(&list, ordinal)?;
+        if query_driver {
+            // SAFETY: `stream` is valid by the caller's promise.
+            unsafe { check_stream(ctx, stream)? };
+            on_device(&list, ordinal)?;
+        }
         // The workspace's size counts only with an address (`raw_args`).
         args::check_args(&list, ctx.cu_ctx(), ordinal, list[10].len, ws_needed)?;
         let ptrs = ptrs_of(bufs);
         // SAFETY: `stream` belongs to the plan's context (checked above,
-        // or a special handle of the bound context) and outlives the
-        // launches by the caller's promise; the wrapper does not own it.
+        // promised by the caller, or a special handle of the bound
+        // context) and outlives the launches by the caller's promise; the
+        // wrapper does not own it.
         let stream = unsafe { ctx.wrap_borrowed_stream(stream) };
         // SAFETY: the addresses passed the checks above; their lengths and
         // element types are the caller's promise.

@@ -203,8 +203,9 @@ impl PyPlan {
     }
 
     /// Queues the backward on the raw stream handle `stream`, on device
-    /// addresses (each buffer at the shape's element count; the Python
-    /// layer checks that), without synchronising.
+    /// addresses (each buffer at the shape's element count, on the plan's
+    /// device, `stream` the device's; the Python layer checks that),
+    /// without synchronising.
     #[pyo3(signature = (stream, index_q, weights, index_k, index_score, topk_indices, grad_loss,
                         attn_score, d_index_q, d_weights, d_index_k, workspace, workspace_bytes,
                         loss_coeff, d_weights_dtype, d_index_k_dtype, ids_i64=false))]
@@ -249,12 +250,14 @@ impl PyPlan {
         };
         let plan = &self.plan;
         // SAFETY: the Python layer passes the data_ptr()s of live,
-        // contiguous tensors on this plan's device of the shape's sizes
-        // and documented types, and the current stream of that device;
-        // the plan's context is the device's primary context (`context`),
-        // PyTorch's.
-        py.detach(|| unsafe { plan.execute_raw(stream as *mut _, &bufs, loss_coeff) })
-            .map_err(py_err)
+        // contiguous tensors of the shape's sizes and documented types,
+        // all on this plan's device (it checked each tensor's device), and
+        // the current stream of that device; the plan's context is the
+        // device's primary context (`context`), PyTorch's.
+        py.detach(|| unsafe {
+            plan.execute_raw_on_plan_device(stream as *mut _, &bufs, loss_coeff)
+        })
+        .map_err(py_err)
     }
 }
 

@@ -97,6 +97,21 @@ fn execute_raw_matches_execute_on_a_foreign_stream() {
         // d_index_k is accumulated by atomics: last bits may differ.
         let e = rel_err(&got.d_index_k, &want.d_index_k);
         assert!(e < 1e-5, "{opts:?}: d_index_k differs by {e}");
+
+        // The entry for callers that know their buffers' device (the
+        // Python extension's): the same outputs.
+        let c = DeviceProblem::upload(&other, &p, ws);
+        other.synchronize().unwrap();
+        let bufs = raw(&other, &c, &opts, ws);
+        // SAFETY: as above; every buffer of `c` and `other` are on `ctx`.
+        unsafe { plan.execute_raw_on_plan_device(other.cu_stream(), &bufs, p.loss_coeff) }.unwrap();
+        other.synchronize().unwrap();
+        let got = c.download(&other, &opts);
+        assert!(same_bits(&got.grad_signal, &want.grad_signal), "{opts:?}");
+        assert!(same_bits(&got.d_index_q, &want.d_index_q), "{opts:?}");
+        assert_eq!(got.d_weights_bits, want.d_weights_bits, "{opts:?}");
+        let e = rel_err(&got.d_index_k, &want.d_index_k);
+        assert!(e < 1e-5, "{opts:?}: d_index_k differs by {e}");
     }
 }
 
@@ -151,6 +166,16 @@ fn execute_raw_rejects_host_addresses_types_and_a_missing_workspace() {
     b.d_index_k_dtype = GradDtype::F32;
     assert!(matches!(
         run(&b, 1.0),
+        Err(Error::Dtype {
+            tensor: "d_index_k",
+            ..
+        })
+    ));
+    // The entry without the driver's residency queries checks the rest.
+    // SAFETY: fails the element-type check before any launch.
+    let r = unsafe { plan.execute_raw_on_plan_device(stream.cu_stream(), &b, 1.0) };
+    assert!(matches!(
+        r,
         Err(Error::Dtype {
             tensor: "d_index_k",
             ..
