@@ -28,23 +28,23 @@ class PlanCache:
         """The plan for ``key``, built by ``build()`` when absent. ``build``
         runs outside the lock (it may load the kernel module); when two
         threads build the same key at once, the first stored plan wins."""
+        return self.get_built(key, build)[0]
+
+    def get_built(self, key, build):
+        """``(plan, built)``: :meth:`get`'s plan, and whether this call built
+        it (``False`` when it was cached)."""
         with self._lock:
             plan = self._plans.get(key)
             if plan is not None:
                 self._plans.move_to_end(key)
-                return plan
+                return plan, False
         plan = build()
         with self._lock:
             plan = self._plans.setdefault(key, plan)
             self._plans.move_to_end(key)
             while len(self._plans) > self.capacity:
                 self._plans.popitem(last=False)
-        return plan
-
-    def holds(self, key):
-        """Whether a plan for ``key`` is cached."""
-        with self._lock:
-            return key in self._plans
+        return plan, True
 
     def clear(self):
         """Drops every plan."""

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from . import _checks, _native
-from ._torch import _DTYPES, _plans
+from ._torch import _DTYPES, _grad_loss_f32, _plans, _raw_stream
 
 
 class DenseGrads(NamedTuple):
@@ -152,16 +152,13 @@ def dense_indexer_backward(
         )
         return out
 
-    if number is not None:
-        gl = torch.full((1,), number, dtype=torch.float32, device=device)
-    else:
-        gl = grad_loss.reshape(1).to(torch.float32).contiguous()
+    gl = _grad_loss_f32(grad_loss, number, device)
     plan = _dense_plan(where.index, dims, (sm, dk_name, dw_name))
     ws_bytes = plan.workspace_bytes
     workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     # The temporaries come from torch's caching allocator on this stream, so
     # their memory is reused only by work queued after these kernels on it.
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = _raw_stream(where.index)
     plan.execute(
         stream,
         index_q.data_ptr(),

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from . import _checks, _native
-from ._torch import _check_id_convention, _plans
+from ._torch import _check_id_convention, _plans, _raw_stream
 
 
 class ForwardScores(NamedTuple):
@@ -99,12 +99,13 @@ def indexer_forward(
         )
         return out
     key = ("forward", where.index, tuple(dims), opts)
-    fresh = not _plans.holds(key)
-    plan = _plans.get(key, lambda: _native.ForwardPlan(where.index, tuple(dims), *opts))
+    plan, fresh = _plans.get_built(
+        key, lambda: _native.ForwardPlan(where.index, tuple(dims), *opts)
+    )
     if fresh and not trust_ids and not torch.cuda.is_current_stream_capturing():
         _check_id_convention(ids, dims, key_ids)
     plan.execute(
-        torch.cuda.current_stream(device).cuda_stream,
+        _raw_stream(where.index),
         index_q.data_ptr(),
         weights.data_ptr(),
         index_k.data_ptr(),
@@ -175,7 +176,7 @@ def dense_indexer_forward(
 
     plan = _plans.get(key, build)
     plan.execute(
-        torch.cuda.current_stream(device).cuda_stream,
+        _raw_stream(where.index),
         index_q.data_ptr(),
         weights.data_ptr(),
         index_k.data_ptr(),

@@ -26,15 +26,72 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 _plans = PlanCache()
 
+# Signatures that passed the tensor checks: for each tensor (shape, dtype,
+# device, contiguity), everything ``_checks.check_tensors`` reads, so a
+# call with a known signature has the known outcome. Cleared when full.
+_SIGNATURES_KEPT = 256
+_signatures = {}
+# Options that passed ``_checks.check_options``, by their raw values.
+_options = {}
+
+
+def _raw_stream(index):
+    """The raw handle of the current stream of CUDA device ``index`` (what
+    ``torch.cuda.current_stream(index).cuda_stream`` returns, without
+    building a Stream object when torch offers the direct query)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get is not None:
+        return get(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def _checked(check, tensors):
+    """``check(dict(zip(names, tensors)))`` for a tuple of tensors in the
+    order of ``check``'s table (names from ``_NAMES``), remembered by
+    signature: a failing check raises every time, a passing one runs once."""
+    sig = (check,) + tuple((t.shape, t.dtype, t.device, t.is_contiguous()) for t in tensors)
+    got = _signatures.get(sig)
+    if got is None:
+        got = check(dict(zip(_NAMES[check], tensors)))
+        if len(_signatures) >= _SIGNATURES_KEPT:
+            _signatures.clear()
+        _signatures[sig] = got
+    return got
+
+
+_NAMES = {_checks.check_tensors: tuple(n for n, _, _ in _checks.TENSORS)}
+
+
+def _checked_options(*raw):
+    """``_checks.check_options(*raw)``, remembered by the raw values."""
+    got = _options.get(raw)
+    if got is None:
+        got = _checks.check_options(*raw)
+        if len(_options) >= _SIGNATURES_KEPT:
+            _options.clear()
+        _options[raw] = got
+    return got
+
+
+def _grad_loss_f32(grad_loss, number, device):
+    """grad_loss as a one-element f32 device tensor: the tensor itself when
+    it already is one, else a converted copy (a number: a filled tensor)."""
+    if number is not None:
+        return torch.full((1,), number, dtype=torch.float32, device=device)
+    if grad_loss.dtype == torch.float32 and grad_loss.is_contiguous():
+        return grad_loss
+    return grad_loss.reshape(1).to(torch.float32).contiguous()
+
 
 def _plan(device, dims, opts):
-    """The cached native plan for (device ordinal, dims, options)."""
+    """``(plan, built)``: the cached native plan for (device ordinal, dims,
+    options), and whether this call built it."""
 
     def build():
         sm_scale, key_ids, score, dk, dw, backend = opts
         return _native.Plan(device, tuple(dims), sm_scale, key_ids, score, dk, dw, backend)
 
-    return _plans.get((device, tuple(dims), opts), build)
+    return _plans.get_built((device, tuple(dims), opts), build)
 
 
 def clear_plan_cache():
@@ -124,20 +181,13 @@ def indexer_backward(
     scalar, a shape outside the supported envelope) and ``RuntimeError``
     (unsupported GPU, driver errors).
     """
-    tensors = {
-        "index_q": index_q,
-        "weights": weights,
-        "index_k": index_k,
-        "attn_score": attn_score,
-        "index_score": index_score,
-        "topk_indices": topk_indices,
-    }
-    for name, t in tensors.items():
+    tensors = (index_q, weights, index_k, attn_score, index_score, topk_indices)
+    for name, t in zip(_NAMES[_checks.check_tensors], tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    dims, where = _checks.check_tensors(tensors)
+    dims, where = _checked(_checks.check_tensors, tensors)
     key_ids = _checks.check_key_ids(key_ids, dims)
-    opts = _checks.check_options(
+    opts = _checked_options(
         sm_scale, loss_coeff, key_ids, score, d_index_k_dtype, d_weights_dtype, backend
     )
     number = _checks.check_grad_loss(grad_loss, where)
@@ -185,12 +235,8 @@ def indexer_backward(
             _written_in_place(attn_score)
         return out
 
-    if number is not None:
-        gl = torch.full((1,), number, dtype=torch.float32, device=device)
-    else:
-        gl = grad_loss.reshape(1).to(torch.float32).contiguous()
-    fresh = not _plans.holds((where.index, tuple(dims), opts))
-    plan = _plan(where.index, dims, opts)
+    gl = _grad_loss_f32(grad_loss, number, device)
+    plan, fresh = _plan(where.index, dims, opts)
     if fresh and not trust_ids and not torch.cuda.is_current_stream_capturing():
         _check_id_convention(ids, dims, key_ids)
     ws_bytes = plan.workspace_bytes
@@ -198,7 +244,7 @@ def indexer_backward(
     # The temporaries (workspace, grad_loss copy) come from
     # torch's caching allocator on this stream, so their memory is reused only
     # by work queued after these kernels on the same stream.
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = _raw_stream(where.index)
     plan.execute(
         stream,
         index_q.data_ptr(),

@@ -590,6 +590,16 @@ class PlanCacheBound(unittest.TestCase):
         cache.get(1, build(1))  # still there
         self.assertEqual(built, [1, 2, 3, 4, 2])
 
+    def test_get_built_says_whether_it_built(self):
+        from dsa_indexer_bwd._cache import PlanCache
+
+        cache = PlanCache(capacity=2)
+        self.assertEqual(cache.get_built("a", lambda: 1), (1, True))
+        self.assertEqual(cache.get_built("a", lambda: 2), (1, False))
+        cache.get("b", lambda: 3)
+        cache.get("c", lambda: 4)  # evicts "a"
+        self.assertEqual(cache.get_built("a", lambda: 5), (5, True))
+
     def test_a_varlen_loop_stays_bounded(self):
         from dsa_indexer_bwd._cache import PLAN_CACHE_CAPACITY, PlanCache
 
