@@ -46,8 +46,9 @@ struct Cli {
     /// `auto` (wgmma on compute capability 9.0) or `portable`.
     #[arg(long, default_value = "auto")]
     kernel: String,
-    /// Dense forward points (causal, B = 1, S_q = S_k = each); empty for none.
-    #[arg(long, value_delimiter = ',', default_value = "4096,8192")]
+    /// Dense forward points (causal, B = 1, S_q = S_k = each); `--dense`
+    /// with no value for none.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "4096,8192")]
     dense: Vec<usize>,
     #[arg(long, default_value_t = 30)]
     runs: usize,
