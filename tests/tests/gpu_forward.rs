@@ -250,6 +250,68 @@ fn gpu_forward_on_long_rows_matches_reference() {
 }
 
 /// One dense GPU run: `(index_score, index_lse)`.
+/// Non-finite weights and a non-positive scale take the kernels' exact
+/// gate (`w * relu(sm_scale * s)`, the reference's), finite ones with a
+/// positive scale the scaled head sum: rows with a `+inf`, `-inf` or NaN
+/// weight give the reference's non-finite outputs and leave the other rows
+/// within SPEC's bound, with both kernels.
+#[test]
+fn gpu_forward_non_finite_weights_match_reference() {
+    let Some(ctx) = gpu("gpu_forward_non_finite_weights_match_reference") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(44);
+    let g = Gen {
+        values: Values::Continuous,
+        padding: Padding::NegOne,
+        short_rows: 0.2,
+        trailing: false,
+        duplicates: false,
+        masked: 0.0,
+    };
+    for (h, d) in [(64, 128), (128, 64), (16, 128)] {
+        let shape = Shape {
+            batch: 1,
+            seq_q: 6,
+            seq_k: 300,
+            heads: h,
+            head_dim: d,
+            topk: 200,
+        };
+        for sm_scale in [0.1f32, -0.1] {
+            let opts = Options {
+                sm_scale,
+                ..Options::default()
+            };
+            let mut p = Problem::random(&mut rng, shape, opts, g);
+            // Row 1: +inf at one head, row 2: -inf, row 3: NaN; rows 0, 4
+            // and 5 finite.
+            p.w[h + 3] = bf16::INFINITY;
+            p.w[2 * h + 5] = bf16::NEG_INFINITY;
+            p.w[3 * h + 7] = bf16::NAN;
+            for portable in [false, true] {
+                let fo = fwd_opts(&p, portable);
+                let plan = Plan::new(&ctx, shape, fo).unwrap();
+                let host = cpu::HostInputs {
+                    index_q: &p.q,
+                    weights: &p.w,
+                    index_k: &p.k,
+                    topk_indices: &p.ids,
+                };
+                let r = cpu::reference(&shape, &fo, &host).unwrap();
+                let (score, lse) = run_sparse(&ctx, &plan, &p);
+                let msg = format!("H={h} D={d} sm_scale={sm_scale} {}", plan.kernel());
+                compare("index_score", &score, &r.score).unwrap_or_else(|e| panic!("{e}; {msg}"));
+                compare("lse", &lse, &r.lse).unwrap_or_else(|e| panic!("{e}; {msg}"));
+                assert!(
+                    r.lse[1..4].iter().any(|v| !v.is_finite()),
+                    "the planted weights make some lse non-finite; {msg}"
+                );
+            }
+        }
+    }
+}
+
 fn run_dense(
     stream: &Arc<CudaStream>,
     plan: &DensePlan,

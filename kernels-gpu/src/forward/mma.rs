@@ -119,14 +119,17 @@ pub(super) unsafe fn product<T: Tile>(r: &Row<'_>, c: u32) -> T::Acc {
 }
 
 /// This thread's head weights for [`logits`]: element `2 j + e` is head
-/// `8 j + 2 (tid % 4) + e`'s, for `j < H / 8` (the rest zero).
+/// `8 j + 2 (tid % 4) + e`'s, for `j < H / 8` (the rest zero), and whether
+/// this thread's weights allow the scaled head sum
+/// ([`super::scaled_heads_ok`]).
 ///
 /// # Safety
 /// The weights are in shared memory behind a barrier.
 #[inline(always)]
-pub(super) unsafe fn weights<T: Tile>(r: &Row<'_>) -> [f32; 32] {
+pub(super) unsafe fn weights<T: Tile>(r: &Row<'_>) -> ([f32; 32], bool) {
     let c = 2 * (r.tid % 4);
     let mut w = [0.0f32; 32];
+    let mut ok = true;
     let mut j = 0;
     while j < T::H / 8 {
         // SAFETY: the caller's contract; the heads are below H.
@@ -134,25 +137,48 @@ pub(super) unsafe fn weights<T: Tile>(r: &Row<'_>) -> [f32; 32] {
             w[2 * j as usize] = super::load::weight(r, 8 * j + c);
             w[2 * j as usize + 1] = super::load::weight(r, 8 * j + c + 1);
         }
+        ok &= super::scaled_heads_ok(r.p.sm_scale, w[2 * j as usize]);
+        ok &= super::scaled_heads_ok(r.p.sm_scale, w[2 * j as usize + 1]);
         j += 1;
     }
-    w
+    (w, ok)
 }
 // H = 128 is the most heads: 16 column groups of 8.
 const _: () = assert!(2 * (128 / 8) == 32);
 
+/// The weights of [`weights`] times `sm_scale`, for the scaled head sum.
+#[inline(always)]
+pub(super) fn scaled(mut w: [f32; 32], sm_scale: f32) -> [f32; 32] {
+    let mut i = 0;
+    while i < 32 {
+        w[i] *= sm_scale;
+        i += 1;
+    }
+    w
+}
+
 /// The logits of this thread's two slots of the chunk (`16 w + g` and
-/// `+ 8`), the same in the four lanes of each quad; `w` from [`weights`].
+/// `+ 8`), the same in the four lanes of each quad: with `fast` (the same
+/// in every thread of the CTA) the scaled head sum on `w` from
+/// [`scaled`], else the gated one on `w` from [`weights`].
 ///
 /// # Safety
-/// Full warps (the quad sums are shuffles).
+/// Full warps (the quad sums are shuffles); `fast` CTA-uniform.
 #[inline(always)]
-pub(super) unsafe fn logits<T: Tile>(r: &Row<'_>, acc: &T::Acc, w: &[f32; 32]) -> [f32; 2] {
+pub(super) unsafe fn logits<T: Tile>(
+    r: &Row<'_>,
+    acc: &T::Acc,
+    w: &[f32; 32],
+    fast: bool,
+) -> [f32; 2] {
     let c = 2 * (r.tid % 4);
-    let l = super::fragment_logits(T::regs(acc), c, r.p.sm_scale, |col| {
-        w[2 * (col / 8) as usize + (col % 2) as usize]
-    });
-    // SAFETY: full warps.
+    let at = |col: u32| w[2 * (col / 8) as usize + (col % 2) as usize];
+    let l = if fast {
+        super::fragment_logits_scaled(T::regs(acc), c, at)
+    } else {
+        super::fragment_logits(T::regs(acc), c, r.p.sm_scale, at)
+    };
+    // SAFETY: full warps, after the uniform branch joined.
     unsafe { [sync::quad_sum_f32(l[0]), sync::quad_sum_f32(l[1])] }
 }
 

@@ -401,6 +401,46 @@ pub fn fragment_logits(acc: &[f32], c: u32, sm_scale: f32, w: impl Fn(u32) -> f3
     l
 }
 
+/// `a * b + c`: rounded once on the GPU (`fma.rn`), twice on the host
+/// (whose tests compare within tolerances).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        crate::ptx::arith::fma_rn(a, b, c)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        a * b + c
+    }
+}
+
+/// Whether a row may take the scaled head sum ([`fragment_logits_scaled`]):
+/// with `sm_scale > 0` and a finite weight `w`, `w * relu(sm_scale * acc)`
+/// is `(sm_scale * w) * max(acc, 0)` up to rounding, a NaN `acc` closing
+/// the gate in both (`max` ignores NaN). A non-finite weight or a
+/// non-positive scale keeps [`head_term`]'s exact gate.
+#[inline(always)]
+pub fn scaled_heads_ok(sm_scale: f32, w: f32) -> bool {
+    sm_scale > 0.0 && w.is_finite()
+}
+
+/// [`fragment_logits`] for a row that passed [`scaled_heads_ok`]: `ws(col)`
+/// is the head's `sm_scale * w`, each term one `max` and one `fma`.
+#[inline(always)]
+pub fn fragment_logits_scaled(acc: &[f32], c: u32, ws: impl Fn(u32) -> f32) -> [f32; 2] {
+    let mut l = [0.0f32; 2];
+    let mut j = 0;
+    while 4 * j < acc.len() as u32 {
+        let (w0, w1) = (ws(8 * j + c), ws(8 * j + c + 1));
+        let a = &acc[4 * j as usize..4 * j as usize + 4];
+        l[0] = fma(w1, a[1].max(0.0), fma(w0, a[0].max(0.0), l[0]));
+        l[1] = fma(w1, a[3].max(0.0), fma(w0, a[2].max(0.0), l[1]));
+        j += 1;
+    }
+    l
+}
+
 /// Where thread `t` of the warpgroup holds element `reg` of an `m64nN`
 /// accumulator: `(row, column)` (PTX ISA, wgmma "Matrix fragments for
 /// `.m64nNk16`").
@@ -707,6 +747,35 @@ mod tests {
                 assert!(
                     (sums[k] - want).abs() <= 1e-4 * want.abs().max(1.0),
                     "{row}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_scaled_head_sum_matches_the_gated_one() {
+        let n = 64u32;
+        let s = |r: u32, c: u32| ((r * 7 + c * 13) % 23) as f32 - 9.0 + 0.37 * (c % 3) as f32;
+        let w = |c: u32| 0.25 - c as f32 / 50.0;
+        let sm = 0.3f32;
+        assert!((0..n).all(|c| scaled_heads_ok(sm, w(c))));
+        assert!(!scaled_heads_ok(0.0, 1.0) && !scaled_heads_ok(-1.0, 1.0));
+        assert!(!scaled_heads_ok(1.0, f32::INFINITY) && !scaled_heads_ok(1.0, f32::NAN));
+        for t in 0..THREADS {
+            let mut acc: Vec<f32> = (0..n / 2)
+                .map(|reg| {
+                    let (r, c) = fragment_at(t, reg);
+                    s(r, c)
+                })
+                .collect();
+            acc[3] = f32::NAN; // closes the gate in both
+            let c = 2 * (t % 4);
+            let exact = fragment_logits(&acc, c, sm, w);
+            let scaled = fragment_logits_scaled(&acc, c, |col| sm * w(col));
+            for k in 0..2 {
+                assert!(
+                    (exact[k] - scaled[k]).abs() <= 1e-5 * exact[k].abs().max(1.0),
+                    "{t}: {exact:?} vs {scaled:?}"
                 );
             }
         }

@@ -29,7 +29,7 @@
 //! is on a CTA-uniform value.
 
 use super::load::{copy_ids, copy_q, gather, load_weights, resolve, Row};
-use super::mma::{logits, my_slots, product, weights, Tile};
+use super::mma::{logits, my_slots, product, scaled, weights, Tile};
 use super::softmax::{rewrite, row_lse};
 use super::{exp_fast, ids_ahead, Lse, CHUNK, PAD_MARK};
 use crate::abi::FwdParams;
@@ -78,7 +78,11 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
     // SAFETY: uniform control flow, every thread.
     let first = unsafe { sync::bar_red_popc(any) };
     // SAFETY: the weights region is behind the barrier.
-    let w = unsafe { weights::<T>(&r) };
+    let (w, ok) = unsafe { weights::<T>(&r) };
+    // The scaled head sum where every thread's weights allow it.
+    // SAFETY: uniform control flow, every thread.
+    let fast = unsafe { sync::bar_red_popc(!ok) } == 0;
+    let w = if fast { scaled(w, p.sm_scale) } else { w };
 
     let mut lse = Lse::EMPTY;
     // Bit `c % 8`: chunk c holds a valid slot (set at its resolution).
@@ -115,7 +119,7 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
             let c = it - dist;
             // SAFETY: whole warpgroup, `live` CTA-uniform; chunk c's K
             // rows and the q tile complete, fenced, behind the barrier.
-            unsafe { chunk::<T>(&r, c, live & (1 << (c % 8)) != 0, &w, &mut lse) };
+            unsafe { chunk::<T>(&r, c, live & (1 << (c % 8)) != 0, &w, fast, &mut lse) };
         }
         it += 1;
     }
@@ -127,19 +131,27 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
 }
 
 /// Chunk `c`: its product and its slots' logits when `live` (some slot
-/// valid), then every slot's store: lanes 0 and 1 of each quad the
-/// quad's two slots, a valid slot's logit (added to `lse`) or
-/// [`PAD_MARK`].
+/// valid; `w` and `fast` as [`logits`] takes them), then every slot's
+/// store: lanes 0 and 1 of each quad the quad's two slots, a valid slot's
+/// logit (added to `lse`) or [`PAD_MARK`].
 ///
 /// # Safety
-/// As the call in [`forward`]; `live` is the same in every thread.
+/// As the call in [`forward`]; `live` and `fast` are the same in every
+/// thread.
 #[inline(always)]
-unsafe fn chunk<T: Tile>(r: &Row<'_>, c: u32, live: bool, w: &[f32; 32], lse: &mut Lse) {
+unsafe fn chunk<T: Tile>(
+    r: &Row<'_>,
+    c: u32,
+    live: bool,
+    w: &[f32; 32],
+    fast: bool,
+    lse: &mut Lse,
+) {
     let l = if live {
-        // SAFETY: forwarded (uniform branch).
+        // SAFETY: forwarded (uniform branches).
         unsafe {
             let acc = product::<T>(r, c);
-            logits::<T>(r, &acc, w)
+            logits::<T>(r, &acc, w, fast)
         }
     } else {
         [0.0; 2]
