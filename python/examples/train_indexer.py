@@ -9,7 +9,9 @@ The module projects token states to the indexer's `index_q` (H x D heads),
 `weights` (H) and `index_k` (D); each step selects every query row's top-k
 keys by the indexer's own (causal) scores, takes the target from a fixed
 "main attention" over the selected keys, and takes one Adam step on the KL
-loss. Needs torch with CUDA and the package; `--help` needs neither.
+loss. Exits 1 when the worst relative loss difference exceeds
+`--tolerance` (bf16 rounding). Needs torch with CUDA and the package;
+`--help` needs neither.
 """
 
 import argparse
@@ -27,6 +29,8 @@ def parse():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-compile", action="store_true", help="run the crate's side eagerly")
+    ap.add_argument("--tolerance", type=float, default=1e-2,
+                    help="largest relative loss difference accepted (bf16 inputs); exit 1 above")
     return ap.parse_args()
 
 
@@ -118,7 +122,10 @@ def main():
         diff = abs(fa - fb) / max(abs(fb), 1e-30)
         worst = max(worst, diff)
         print(f"step {step:3d}: loss crate {fa:.6f}  torch {fb:.6f}  rel diff {diff:.2e}")
-    print(f"worst relative difference over {args.steps} steps: {worst:.2e}")
+    print(f"worst relative difference over {args.steps} steps: {worst:.2e} "
+          f"(tolerance {args.tolerance:.0e})")
+    if not worst <= args.tolerance:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,20 @@ pub fn gpu_bundle(args: &[String]) -> Result<(), String> {
     }
     // The bring-up kit's kernels with bounded mbarrier waits (not committed).
     crate::ptx::build_watchdog_ptx(&out.join("ptx-watchdog"))?;
+    // The Python package: its wheel, its GPU tests and examples (`run.sh
+    // --python`).
+    util::step("building the Python wheel");
+    let py = out.join("python");
+    crate::python::build_wheel(&root, &py, false)?;
+    for (from, to) in [("python/tests", "tests"), ("python/examples", "examples")] {
+        std::fs::create_dir_all(py.join(to)).map_err(|e| e.to_string())?;
+        for e in std::fs::read_dir(root.join(from)).map_err(|e| format!("{from}: {e}"))? {
+            let path = e.map_err(|e| e.to_string())?.path();
+            if path.extension().is_some_and(|x| x == "py") {
+                copy_into(&path, &py.join(to))?;
+            }
+        }
+    }
     let run = out.join("run.sh");
     std::fs::write(&run, RUN_SH).map_err(|e| e.to_string())?;
     util::run(Command::new("chmod").arg("+x").arg(&run))?;
@@ -126,7 +140,7 @@ fn copy_into(src: &Path, dir: &Path) -> Result<(), String> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs every test binary of the bundle with the GPU required, then the main
 # example; prints per-binary results and one summary line.
-# Usage: bash run.sh [--bench ARGS... | --plans ARGS... | --soak ARGS... | --sanitize [TOOL...] | --blackwell]
+# Usage: bash run.sh [--bench ARGS... | --plans ARGS... | --soak ARGS... | --sanitize [TOOL...] | --python | --blackwell]
 #   --plans: bin/indexer-plans for sparse and dense plans, each in a fresh
 #   process with the driver's JIT cache off (CUDA_CACHE_DISABLE=1): with the
 #   shipped machine code, then with the PTX (INDEXER_PTX_DIR=ptx) to compare.
@@ -136,6 +150,10 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   --sanitize: runs bin/indexer-sanitize (one small case per kernel family)
 #   under compute-sanitizer's memcheck, racecheck, synccheck and initcheck
 #   (or the tools named) and fails on any report.
+#   --python: installs python/*.whl into a temporary folder (no network, no
+#   dependencies: the machine's torch) and runs the Python package's tests
+#   (GPU ones included) and python/examples/train_indexer.py (50 steps
+#   under torch.compile against plain autograd).
 #   --blackwell: the bring-up kit (bin/indexer-bringup) for a first B200 /
 #   B300: info, watchdog self-test, tcgen05 smoke, one-MMA probes, stage 2
 #   on one row, random problems, timing; in order, with the watchdog build
@@ -177,6 +195,17 @@ if [ "${1:-}" = "--plans" ]; then
   exit $rc
 fi
 if [ "${1:-}" = "--soak" ]; then shift; exec ./bin/indexer-soak "$@"; fi
+if [ "${1:-}" = "--python" ]; then
+  site=$(mktemp -d)
+  python3 -m pip install --quiet --no-index --no-deps --target "$site" python/*.whl || exit 1
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  rc=0
+  (cd python/tests && python3 -m unittest test_native test_gpu test_forward_gpu test_dense_gpu) || rc=1
+  echo "=== example: train_indexer.py"
+  python3 python/examples/train_indexer.py || rc=1
+  echo "python: $([ "$rc" -eq 0 ] && echo passed || echo FAILED)"
+  exit $rc
+fi
 if [ "${1:-}" = "--sanitize" ]; then
   shift
   tools="${*:-memcheck racecheck synccheck initcheck}"

@@ -50,7 +50,7 @@ fn ensure_venv(root: &Path) -> Result<PathBuf, String> {
 /// Builds the release wheel into `out` and returns its path: tagged for
 /// the glibc of this machine (maturin's audit), or with `zig` linked for
 /// glibc 2.28 and tagged `manylinux_2_28`.
-fn build_wheel(root: &Path, out: &Path, zig: bool) -> Result<PathBuf, String> {
+pub(crate) fn build_wheel(root: &Path, out: &Path, zig: bool) -> Result<PathBuf, String> {
     let python = ensure_venv(root)?;
     let bin = venv(root).join("bin");
     let has_zig = || {
