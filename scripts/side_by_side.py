@@ -62,11 +62,13 @@ NOISE, WAVES = 0.05, 4
 # ---------------------------------------------------------------- arguments
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, doc=None, script="side_by_side.py"):
+    """The flags (shared with forward_side_by_side.py, which passes its own
+    module docs and name for the help)."""
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+        description=(doc or __doc__).split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python3 scripts/side_by_side.py --runs 30 --json side.jsonl",
+        epilog=f"Example: python3 scripts/{script} --runs 30 --json side.jsonl",
     )
     csv_int = lambda s: [int(x) for x in s.split(",") if x]
     csv_str = lambda s: [x for x in s.split(",") if x]

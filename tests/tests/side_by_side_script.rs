@@ -124,3 +124,26 @@ print(json.dumps({{n: [r[0], r[1]] for n, r in recs.items()}}), gs, meta["median
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The forward's side-by-side and the host-time benchmark: their `--help`
+/// needs neither torch nor the package.
+#[test]
+fn forward_and_host_time_scripts_help_needs_no_torch() {
+    for (name, flags) in [
+        (
+            "forward_side_by_side.py",
+            &["--runs", "--ids", "--long-context", "--json", "--no-cudnn"][..],
+        ),
+        ("host_time.py", &["--calls", "--burst"][..]),
+    ] {
+        let s = scripts_dir().join(name);
+        let Some((rc, out, err)) = python(&[s.to_str().unwrap(), "--help"]) else {
+            println!("skipped: no python3");
+            return;
+        };
+        assert_eq!(rc, 0, "{name}: {err}");
+        for flag in flags {
+            assert!(out.contains(flag), "{name}: {flag}: {out}");
+        }
+    }
+}
