@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from . import _checks, _native
-from ._torch import _check_id_convention, _plans, _raw_stream
+from ._torch import _NAMES, _check_id_convention, _checked, _plans, _raw_stream
 
 
 class ForwardScores(NamedTuple):
@@ -62,16 +62,11 @@ def indexer_forward(
     synchronisation) or by the crate's CPU path. Raises as
     :func:`indexer_backward` does.
     """
-    tensors = {
-        "index_q": index_q,
-        "weights": weights,
-        "index_k": index_k,
-        "topk_indices": topk_indices,
-    }
-    for name, t in tensors.items():
+    tensors = (index_q, weights, index_k, topk_indices)
+    for name, t in zip(_NAMES[_checks.check_forward_tensors], tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    dims, where = _checks.check_forward_tensors(tensors)
+    dims, where = _checked(_checks.check_forward_tensors, tensors)
     key_ids = _checks.check_key_ids(key_ids, dims)
     opts = _checks.check_forward_options(sm_scale, key_ids, score, kernel)
     device = index_q.device

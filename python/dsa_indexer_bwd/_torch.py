@@ -59,7 +59,10 @@ def _checked(check, tensors):
     return got
 
 
-_NAMES = {_checks.check_tensors: tuple(n for n, _, _ in _checks.TENSORS)}
+_NAMES = {
+    _checks.check_tensors: tuple(n for n, _, _ in _checks.TENSORS),
+    _checks.check_forward_tensors: tuple(n for n, _, _ in _checks.FORWARD),
+}
 
 
 def _checked_options(*raw):
