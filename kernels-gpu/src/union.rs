@@ -1,7 +1,7 @@
 //! Groups of adjacent query rows whose top-k lists share keys: the sorted
 //! union of the key rows a group selects, and per row its grad_signal
 //! summed over the slots that hold each union key. Plain Rust, the index
-//! handling of a union *tile* kernel over groups of R rows (issue 22),
+//! handling of a union *tile* kernel over groups of R rows,
 //! host-tested here so that a device builder can be checked against it.
 //! No kernel uses it: the two-row union walk that exists
 //! (`sm90::unite`, opt-in) keeps one entry per slot instead and never

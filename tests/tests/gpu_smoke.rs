@@ -1,4 +1,4 @@
-//! Issue 2's end-to-end proof of the toolchain: a Rust kernel with dynamic
+//! The end-to-end proof of the toolchain: a Rust kernel with dynamic
 //! shared memory, an mbarrier and inline PTX, launched through cudarc and
 //! checked against the CPU; and the Blackwell bring-up checks' contract.
 
