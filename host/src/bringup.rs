@@ -39,11 +39,12 @@ use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
 };
 use half::bf16;
-use kernels_gpu::params::{
+use kernels_gpu::abi::{
     Sm100ProbeParams, Sm100SmokeParams, TensorMap, PROBE_K_GATHER4, PROBE_Q_TMA,
-    PROBE_STATUS_WORDS, SM100_PROBE_DK, SM100_PROBE_DQ, SM100_PROBE_S, SM100_PROBE_SMEM,
-    SM100_PROBE_THREADS, SM100_SMOKE_KERNEL, SM100_SMOKE_SMEM, SM100_SMOKE_THREADS,
+    PROBE_STATUS_WORDS, SM100_PROBE_THREADS, SM100_SMOKE_SMEM, SM100_SMOKE_THREADS,
 };
+use kernels_gpu::registry::{SM100_PROBE_DK, SM100_PROBE_DQ, SM100_PROBE_S, SM100_SMOKE_KERNEL};
+use kernels_gpu::sm100::budget::SM100_PROBE_SMEM;
 use std::sync::Arc;
 
 /// The outcome of one check.

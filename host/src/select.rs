@@ -6,8 +6,9 @@
 use crate::error::{Error, Result};
 use crate::gpu::PtxModule;
 use crate::shape::{Backend, GradDtype, Shape, Unions};
-use kernels_gpu::params::{
-    grad_kernel_name, sm100_stage2_kernel_name, CAST_KERNEL, SM100_DIM, SM100_HEADS, SM100_TOPKS,
+use kernels_gpu::abi::SM100_DIM;
+use kernels_gpu::registry::{
+    grad_kernel_name, sm100_stage2_kernel_name, CAST_KERNEL, SM100_HEADS, SM100_TOPKS,
     STAGE1_KERNEL,
 };
 use kernels_gpu::sm90;
@@ -236,10 +237,18 @@ impl PathKind {
                 row,
                 paired: true,
                 unions: Unions::Never,
-            } => vec![row.stage1, sm90::WG_PAIR_KERNEL, row.kernel],
+            } => vec![
+                row.stage1,
+                kernels_gpu::registry::SM90_WG_PAIR.name,
+                row.kernel,
+            ],
             PathKind::Sm90 {
                 row, paired: true, ..
-            } => vec![row.stage1, sm90::UNION_KERNEL, sm90::WG_PAIR_KERNEL],
+            } => vec![
+                row.stage1,
+                sm90::UNION_KERNEL,
+                kernels_gpu::registry::SM90_WG_PAIR.name,
+            ],
             PathKind::Sm90 {
                 row, paired: false, ..
             } => vec![row.stage1, row.kernel],
@@ -465,7 +474,7 @@ mod tests {
 
     #[test]
     fn row_kernels_must_fit_the_shared_memory_of_a_block() {
-        use kernels_gpu::params::{grad_kernel_name, SUPPORTED_DIMS, SUPPORTED_HEADS};
+        use kernels_gpu::registry::{grad_kernel_name, SUPPORTED_DIMS, SUPPORTED_HEADS};
         use kernels_gpu::tiles::RowSmem;
         // Opt-in shared memory per block: 227 KiB on 9.0 and 10.x, 99 KiB
         // on 12.x (CUDA programming guide, compute capabilities table).
@@ -532,7 +541,11 @@ mod tests {
         let p = PathKind::choose(&sel, &shape(64, 128, 1024), Unions::Always).unwrap();
         assert_eq!(
             p.kernels(F32),
-            [STAGE1_KERNEL, sm90::UNION_KERNEL, sm90::WG_PAIR_KERNEL]
+            [
+                STAGE1_KERNEL,
+                sm90::UNION_KERNEL,
+                kernels_gpu::registry::SM90_WG_PAIR.name
+            ]
         );
     }
 
@@ -635,9 +648,14 @@ mod tests {
                 assert_eq!(p, d64, "{s:?}");
                 assert_eq!(
                     p.kernels(F32),
-                    [kernels_gpu::registry::STAGE1_D64.name, sm90::WG_D64_KERNEL]
+                    [
+                        kernels_gpu::registry::STAGE1_D64.name,
+                        kernels_gpu::registry::SM90_WG_D64.name
+                    ]
                 );
-                assert!(p.kernels(Bf16).contains(&sm90::WG_D64_KERNEL));
+                assert!(p
+                    .kernels(Bf16)
+                    .contains(&kernels_gpu::registry::SM90_WG_D64.name));
             }
         }
         // What the wgmma kernels do not take keeps the row kernel: one
@@ -737,7 +755,11 @@ mod tests {
                     paired: true,
                     unions: Unions::Never,
                 },
-                &[STAGE1_KERNEL, sm90::WG_PAIR_KERNEL, sm90::WG_KERNEL],
+                &[
+                    STAGE1_KERNEL,
+                    kernels_gpu::registry::SM90_WG_PAIR.name,
+                    kernels_gpu::registry::SM90_WG.name,
+                ],
             ),
             (
                 PathKind::Sm90 {
@@ -745,7 +767,7 @@ mod tests {
                     paired: false,
                     unions: Unions::Never,
                 },
-                &[STAGE1_KERNEL, sm90::WG_KERNEL],
+                &[STAGE1_KERNEL, kernels_gpu::registry::SM90_WG.name],
             ),
             (
                 PathKind::Sm90 {

@@ -1,7 +1,7 @@
 //! Problem shape and options of a plan, and the envelope checks.
 
 use crate::error::{Error, Result};
-use kernels_gpu::params::{SUPPORTED_DIMS, SUPPORTED_HEADS};
+use kernels_gpu::registry::{SUPPORTED_DIMS, SUPPORTED_HEADS};
 
 /// Sizes of one problem. All tensors are dense row-major.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

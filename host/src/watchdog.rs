@@ -10,7 +10,7 @@
 
 use crate::error::Result;
 use cudarc::driver::{result, sys, CudaContext, CudaModule};
-use kernels_gpu::params::{WatchdogConfig, WatchdogRecord, WATCHDOG_MAGIC, WATCHDOG_SYMBOL};
+use kernels_gpu::abi::{WatchdogConfig, WatchdogRecord, WATCHDOG_MAGIC, WATCHDOG_SYMBOL};
 use std::sync::{Arc, Mutex};
 
 /// Environment variable: the limit of one mbarrier wait in milliseconds

@@ -27,7 +27,7 @@ pub const FLAG_DW_F32: u32 = 1 << 2;
 /// and overwrites it with the row's d_weights.
 pub const FLAG_ROW_CHUNKS: u32 = 1 << 3;
 /// Flag bit (Hopper fast path only): the row kernel runs after the paired
-/// kernel (`sm90::WG_PAIR_KERNEL`) in the same execute and exits at once
+/// kernel (`registry::SM90_WG_PAIR`) in the same execute and exits at once
 /// when the dispatch test (`sm90::pair_sample`) chose the paired kernel;
 /// the paired kernel exits when it did not. Exactly one of them computes
 /// the gradients.

@@ -6,8 +6,7 @@
 //! - as an ordinary `no_std` rlib for the host, which imports the
 //!   `#[repr(C)]` parameter structs and launch constants ([`abi`]), the
 //!   kernels' names, launch bounds and targets ([`registry`]) and the
-//!   shared-memory budgets instead of repeating them ([`params`] re-exports
-//!   the names the host has always used), and the committed PTX texts
+//!   shared-memory budgets instead of repeating them, and the committed PTX texts
 //!   ([`PTX_SM90A`], [`PTX_SM100F`], [`PTX_SM90`]) with the machine code
 //!   assembled from them ([`SASS_SM90A`], [`SASS_SM100A`], [`SASS_SM103A`],
 //!   [`SASS_SM120`]) that the host embeds.
@@ -44,7 +43,6 @@ macro_rules! sm90a_modules {
 pub mod abi;
 pub mod dense_wg;
 pub mod forward;
-pub mod params;
 pub mod registry;
 pub mod sched;
 pub mod score;

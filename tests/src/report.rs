@@ -231,7 +231,7 @@ impl IdStats {
 /// Whether the paired kernel computes a plan's `execute` on `ids` (i32,
 /// `B * S_q x topk`, row major) of `shape`: the plan launches it
 /// (`kernels`, [`dsa_indexer_bwd::Plan::kernels`], names
-/// `kernels_gpu::sm90::WG_PAIR_KERNEL`: the Hopper fast path with H = 64,
+/// `registry::SM90_WG_PAIR`: the Hopper fast path with H = 64,
 /// D = 128, topk > 64 and an even row count) and the dispatch test that
 /// every CTA runs on the device picks it, replicated on the host by
 /// `kernels_gpu::sm90::ids_pair_up` (raw ids of sampled row pairs, so the
@@ -239,7 +239,7 @@ impl IdStats {
 /// bench's); for i64 ids, exact when their values fit in i32.
 pub fn paired_kernel_computes(kernels: &[&str], shape: &Shape, ids: &[i32]) -> bool {
     use kernels_gpu::sm90;
-    kernels.contains(&sm90::WG_PAIR_KERNEL)
+    kernels.contains(&kernels_gpu::registry::SM90_WG_PAIR.name)
         && !kernels.contains(&sm90::UNION_KERNEL)
         && sm90::ids_pair_up(ids, shape.rows() as u32, shape.topk as u32)
 }

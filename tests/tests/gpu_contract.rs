@@ -321,13 +321,13 @@ fn realistic_shapes_are_accurate_and_deterministic() {
             topk,
         };
         let wgmma = match (heads, head_dim) {
-            (64, 64) => Some(kernels_gpu::sm90::WG_D64_KERNEL),
-            (128, 128) => Some(kernels_gpu::sm90::WG_H128_KERNEL),
-            (128, 64) => Some(kernels_gpu::sm90::WG_H128_D64_KERNEL),
-            (32, 64) => Some(kernels_gpu::sm90::WG_H32_D64_KERNEL),
-            (16, 64) => Some(kernels_gpu::sm90::WG_H16_D64_KERNEL),
-            (32, 128) => Some(kernels_gpu::sm90::WG_H32_KERNEL),
-            (16, 128) => Some(kernels_gpu::sm90::WG_H16_KERNEL),
+            (64, 64) => Some(kernels_gpu::registry::SM90_WG_D64.name),
+            (128, 128) => Some(kernels_gpu::registry::SM90_WG_H128.name),
+            (128, 64) => Some(kernels_gpu::registry::SM90_WG_H128_D64.name),
+            (32, 64) => Some(kernels_gpu::registry::SM90_WG_H32_D64.name),
+            (16, 64) => Some(kernels_gpu::registry::SM90_WG_H16_D64.name),
+            (32, 128) => Some(kernels_gpu::registry::SM90_WG_H32.name),
+            (16, 128) => Some(kernels_gpu::registry::SM90_WG_H16.name),
             _ => None,
         };
         if let (Some(kernel), 9) = (wgmma, major) {

@@ -175,8 +175,8 @@ fn gpu_fast_path_skipping_trailing_padding_matches_reference() {
 /// padding (short rows, padded at the end). Same checks.
 #[test]
 fn gpu_fast_path_on_long_rows_matches_reference() {
-    const _: () = assert!(kernels_gpu::params::stage1_warps_per_row(4600) == 8);
-    const _: () = assert!(kernels_gpu::params::stage1_warps_per_row(1000) == 4);
+    const _: () = assert!(kernels_gpu::abi::stage1_warps_per_row(4600) == 8);
+    const _: () = assert!(kernels_gpu::abi::stage1_warps_per_row(1000) == 4);
     let cases = case(vec![64], vec![128], 1..=8, 1000..=4600).prop_map(
         |(shape, opts, seed, dups, _, trailing)| (shape, opts, seed, dups, true, trailing),
     );
@@ -288,15 +288,17 @@ fn assert_d64_fast_path(shape: Shape) {
     let (major, _) = ctx.compute_capability().expect("compute capability");
     if major == 9 {
         let kernel = match shape.heads {
-            128 => kernels_gpu::sm90::WG_H128_D64_KERNEL,
-            32 => kernels_gpu::sm90::WG_H32_D64_KERNEL,
-            16 => kernels_gpu::sm90::WG_H16_D64_KERNEL,
-            _ => kernels_gpu::sm90::WG_D64_KERNEL,
+            128 => kernels_gpu::registry::SM90_WG_H128_D64.name,
+            32 => kernels_gpu::registry::SM90_WG_H32_D64.name,
+            16 => kernels_gpu::registry::SM90_WG_H16_D64.name,
+            _ => kernels_gpu::registry::SM90_WG_D64.name,
         };
         assert!(
             plan.kernels().contains(&kernel)
                 && plan.kernels().contains(&"indexer_score_grad_d64")
-                && !plan.kernels().contains(&kernels_gpu::sm90::WG_PAIR_KERNEL),
+                && !plan
+                    .kernels()
+                    .contains(&kernels_gpu::registry::SM90_WG_PAIR.name),
             "{shape:?}: {:?}",
             plan.kernels()
         );
@@ -373,14 +375,16 @@ fn assert_own_wgmma_kernel(shape: Shape) {
     let (major, _) = ctx.compute_capability().expect("compute capability");
     if major == 9 {
         let kernel = match shape.heads {
-            128 => kernels_gpu::sm90::WG_H128_KERNEL,
-            32 => kernels_gpu::sm90::WG_H32_KERNEL,
-            _ => kernels_gpu::sm90::WG_H16_KERNEL,
+            128 => kernels_gpu::registry::SM90_WG_H128.name,
+            32 => kernels_gpu::registry::SM90_WG_H32.name,
+            _ => kernels_gpu::registry::SM90_WG_H16.name,
         };
         assert!(
             plan.kernels().contains(&kernel)
                 && plan.kernels().contains(&"indexer_score_grad_d128")
-                && !plan.kernels().contains(&kernels_gpu::sm90::WG_PAIR_KERNEL),
+                && !plan
+                    .kernels()
+                    .contains(&kernels_gpu::registry::SM90_WG_PAIR.name),
             "{shape:?}: {:?}",
             plan.kernels()
         );

@@ -4,7 +4,8 @@
 
 use dsa_indexer_bwd::gpu;
 use indexer_tests::gpu as test_gpu;
-use kernels_gpu::params::{SmokeParams, SMOKE_KERNEL, SMOKE_SMEM_BYTES, SMOKE_THREADS};
+use kernels_gpu::abi::{SmokeParams, SMOKE_SMEM_BYTES, SMOKE_THREADS};
+use kernels_gpu::registry::SMOKE_KERNEL;
 use rand::Rng;
 
 #[test]

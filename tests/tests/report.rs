@@ -363,7 +363,7 @@ fn reductions_per_slot_halve_only_shared_slots_of_the_paired_kernel() {
     assert!((st.pair_shared - 2.0 / 6.0).abs() < 1e-12, "{st:?}");
     // Whether the paired kernel computes: launched by the plan and picked
     // by the dispatch test on sampled pairs (H = 64, D = 128, topk > 64).
-    use kernels_gpu::sm90::{WG_KERNEL, WG_PAIR_KERNEL};
+    use kernels_gpu::registry::{SM90_WG, SM90_WG_PAIR};
     let (rows, topk) = (32usize, 128usize);
     let s = shape(1, rows, 4096, 64, 128, topk);
     // Rows 2p and 2p + 1 identical, slot for slot: every odd row's slot
@@ -371,9 +371,9 @@ fn reductions_per_slot_halve_only_shared_slots_of_the_paired_kernel() {
     let twins: Vec<i32> = (0..rows * topk)
         .map(|i| ((i / (2 * topk)) * 3 + i % topk) as i32)
         .collect();
-    let launched = [WG_PAIR_KERNEL, WG_KERNEL];
+    let launched = [SM90_WG_PAIR.name, SM90_WG.name];
     assert!(paired_kernel_computes(&launched, &s, &twins));
-    assert!(!paired_kernel_computes(&[WG_KERNEL], &s, &twins));
+    assert!(!paired_kernel_computes(&[SM90_WG.name], &s, &twins));
     let st = count(&s, false, &twins);
     assert_eq!(st.pair_shared, 0.5);
     assert_eq!(st.reductions_per_slot(Computes::Paired), 0.5);

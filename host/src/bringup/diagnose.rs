@@ -10,7 +10,7 @@ use super::model::{
 };
 use super::{Gemm, ProbeReport, ProbeSpec};
 use half::bf16;
-use kernels_gpu::params::{PROBE_STATUS_MMA, PROBE_STATUS_TMA, PROBE_STATUS_WORDS};
+use kernels_gpu::abi::{PROBE_STATUS_MMA, PROBE_STATUS_TMA, PROBE_STATUS_WORDS};
 
 /// Largest error still counted as a match: half the inputs' product step
 /// (1/64). Every probe sum is exact in f32 whatever the order, so a layout

@@ -7,7 +7,7 @@
 
 use super::{Gemm, ProbeSpec};
 use half::bf16;
-use kernels_gpu::params::{PROBE_K_GATHER4, SM100_PROBE_HEADS, SM100_PROBE_TMEM_FILL};
+use kernels_gpu::abi::{PROBE_K_GATHER4, SM100_PROBE_HEADS, SM100_PROBE_TMEM_FILL};
 use kernels_gpu::sm100::budget::{OFF_DK, OFF_DS, OFF_K, OFF_Q, SM100_CHUNK};
 use kernels_gpu::sm100::desc::{kmajor_offset, model_kmajor, model_mnmajor, swizzle128};
 use kernels_gpu::sm100::operands::{

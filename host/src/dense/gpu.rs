@@ -30,11 +30,11 @@ use crate::launch::Cast;
 use crate::select::{select, PathKind};
 use crate::shape::{Backend, GradDtype, Options, Shape as SparseShape, Unions};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use kernels_gpu::abi::TensorMap;
 use kernels_gpu::abi::{
     DenseParams, DenseTileParams, GradParams, DENSE_STAGE1_SMEM, DENSE_STAGE1_THREADS,
     DENSE_TILE_THREADS, FLAG_DW_F32, FLAG_ROW_CHUNKS,
 };
-use kernels_gpu::params::TensorMap;
 use kernels_gpu::registry::{DENSE_STAGE1, DENSE_WG};
 use kernels_gpu::sm100::tmap::q_tile_map;
 

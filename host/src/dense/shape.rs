@@ -2,7 +2,7 @@
 //! causal visibility rule, and the envelope checks.
 
 use crate::error::{Error, Result};
-use kernels_gpu::params::{SUPPORTED_DIMS, SUPPORTED_HEADS};
+use kernels_gpu::registry::{SUPPORTED_DIMS, SUPPORTED_HEADS};
 
 /// How the query and key rows of a dense problem are laid out.
 #[derive(Clone, Debug, PartialEq, Eq)]

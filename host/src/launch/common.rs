@@ -9,7 +9,7 @@ use crate::events::StageEvents;
 use crate::gpu;
 use crate::shape::Shape;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaStream};
-use kernels_gpu::params::{stage1_grid, GradParams, STAGE1_SMEM, STAGE1_THREADS};
+use kernels_gpu::abi::{stage1_grid, GradParams, STAGE1_SMEM, STAGE1_THREADS};
 
 /// What one call's launches need: the stream, the kernel parameters, the
 /// optional events, and the buffers of the cast.

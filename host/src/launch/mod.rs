@@ -39,10 +39,11 @@ use crate::modules::Loaded;
 use crate::select::PathKind;
 use crate::shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
-use kernels_gpu::params::{
-    CastParams, GradParams, CAST_KERNEL, CAST_THREADS, CAST_VEC, FLAG_DW_F32, FLAG_LOCAL_IDS,
-    FLAG_LOG_SCORE, FLAG_ROW_CHUNKS,
+use kernels_gpu::abi::{
+    CastParams, GradParams, CAST_THREADS, CAST_VEC, FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE,
+    FLAG_ROW_CHUNKS,
 };
+use kernels_gpu::registry::CAST_KERNEL;
 use std::sync::Arc;
 
 /// The loaded kernels of a plan's path.

@@ -16,7 +16,7 @@ use crate::modules::Loaded;
 use crate::select::check_shared_memory;
 use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction};
-use kernels_gpu::params::GradParams;
+use kernels_gpu::abi::GradParams;
 use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
 use std::sync::Arc;
 

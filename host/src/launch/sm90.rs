@@ -9,7 +9,7 @@
 //! each its own kernel, layout, launch shape and stage 1) and more than
 //! one 64-slot chunk per row (`kernels_gpu::sm90::supports`), under
 //! `Backend::Auto` or `Backend::Hopper`. With H = 64, D = 128 and an even
-//! number of rows the paired kernel (`sm90::WG_PAIR_KERNEL`, two rows that
+//! number of rows the paired kernel (`registry::SM90_WG_PAIR`, two rows that
 //! share keys per CTA) is launched too, between stage 1 and the row
 //! kernel: a test on the ids inside both picks the one that computes, the
 //! other exits at once (`FLAG_PAIR_DISPATCH`).
@@ -21,7 +21,7 @@ use crate::modules::Loaded;
 use crate::shape::Shape;
 use crate::shape::Unions;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
-use kernels_gpu::params::{GradParams, FLAG_PAIR_DISPATCH, FLAG_UNION};
+use kernels_gpu::abi::{GradParams, FLAG_PAIR_DISPATCH, FLAG_UNION};
 use kernels_gpu::sm90;
 use std::sync::Arc;
 
@@ -71,7 +71,8 @@ impl Wgmma {
         let sms = sms.max(1) as u32;
         let rows = shape.rows() as u32;
         let pair = if paired && wg.paired {
-            let f = module.kernel_with_smem(sm90::WG_PAIR_KERNEL, sm90::PAIR.bytes)?;
+            let f = module
+                .kernel_with_smem(kernels_gpu::registry::SM90_WG_PAIR.name, sm90::PAIR.bytes)?;
             Some((f, sm90::pair_grid(rows, sms)))
         } else {
             None

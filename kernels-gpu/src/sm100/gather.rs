@@ -17,7 +17,7 @@
 //! "CPU and GPU agree on which outputs are non-finite" forbids (the CPU
 //! reference and the Hopper kernels skip or zero-fill padding).
 
-/// Key-id convention, as in `params::FLAG_LOCAL_IDS`.
+/// Key-id convention, as in `abi::FLAG_LOCAL_IDS`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ids {
     /// Ids address the flat `(B*S_k, D)` view.

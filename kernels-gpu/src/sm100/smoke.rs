@@ -28,7 +28,7 @@ const B_TILE: u32 = A_TILE + M * K * 2;
 const GATHER: u32 = B_TILE + N * K * 2;
 /// Columns allocated for the 128 x 64 f32 accumulator.
 const TMEM_COLS: u32 = 64;
-// The host launches with the sizes `params` publishes.
+// The host launches with the sizes `abi` publishes.
 const _: () = assert!(GATHER + 4 * K * 2 == crate::abi::SM100_SMOKE_SMEM);
 const _: () = assert!(M == crate::abi::SM100_SMOKE_THREADS);
 

@@ -20,10 +20,10 @@
 //! - dS: one block of `HEADS` rows (a head each) x `CHUNK` slots.
 //!
 //! The kernel exists for every H in {16, 32, 64, 128} and D in {64, 128}:
-//! H = 64 with D = 128 ([`WG_KERNEL`]) and D = 64 ([`WG_D64_KERNEL`]),
-//! H = 32 and 16 (e.g. [`WG_H32_KERNEL`], [`WG_H16_D64_KERNEL`]: the M = 64
+//! H = 64 with D = 128 ([`SM90_WG`](crate::registry::SM90_WG)) and D = 64 ([`SM90_WG_D64`](crate::registry::SM90_WG_D64)),
+//! H = 32 and 16 (e.g. [`SM90_WG_H32`](crate::registry::SM90_WG_H32), [`SM90_WG_H16_D64`](crate::registry::SM90_WG_H16_D64): the M = 64
 //! head tile with its rows `H..64` zero, `Q_HEADS`) and H = 128
-//! ([`WG_H128_KERNEL`], [`WG_H128_D64_KERNEL`]: two halves of a CTA on one
+//! ([`SM90_WG_H128`](crate::registry::SM90_WG_H128), [`SM90_WG_H128_D64`](crate::registry::SM90_WG_H128_D64): two halves of a CTA on one
 //! row's two 64-head halves); each D has its layout ([`smem`]), derived
 //! from D by const arithmetic. The role modules read D, the D-dependent
 //! sizes (`DIM`, `Q_BYTES`, `K_BYTES`, `DK_STRIDE`, `SMEM`, `PAIR`,
@@ -145,53 +145,37 @@ sm90a_modules!(d64, h128, h128_d64, h16, h16_d64, h32, h32_d64);
 
 pub use sched::{grid, pair_grid, row_chunks, Pos, Walk, SKIP_MIN_TOPK};
 
-/// PTX entry name of the wgmma row kernel (sm_90a PTX only).
-pub const WG_KERNEL: &str = crate::registry::SM90_WG.name;
-/// PTX entry name of the wgmma row kernel for D = 64 (sm_90a PTX only):
-/// the same body as [`WG_KERNEL`] on [`SMEM_D64`], the two warpgroups
-/// splitting the products instead of the D columns (`SPLIT`).
-pub const WG_D64_KERNEL: &str = crate::registry::SM90_WG_D64.name;
-/// PTX entry name of the wgmma row kernel for H = 32, D = 128 (sm_90a PTX
-/// only): the body and layout of [`WG_KERNEL`] with the q tile's rows
-/// 32..63 zero and the padded heads' weights 0 (`Q_HEADS`).
-pub const WG_H32_KERNEL: &str = crate::registry::SM90_WG_H32.name;
-/// PTX entry name of the wgmma row kernel for H = 16, D = 128 (sm_90a PTX
-/// only): as [`WG_H32_KERNEL`] with rows 16..63 zero.
-pub const WG_H16_KERNEL: &str = crate::registry::SM90_WG_H16.name;
-/// PTX entry name of the paired wgmma kernel (sm_90a PTX only): one CTA
-/// per SM of two halves, each half the row kernel's two warpgroups on its
-/// own copy of [`SMEM`], walking rows `2 p` and `2 p + 1` of the same pairs
-/// in step, so that where the two rows select the same key in the same
-/// slot the pair reduces the sum of both dK rows once ([`PAIR`]).
-pub const WG_PAIR_KERNEL: &str = crate::registry::SM90_WG_PAIR.name;
+// The kernels of this module, by their registry entries (sm_90a PTX only):
+// - `SM90_WG`: the wgmma row kernel (H = 64, D = 128);
+// - `SM90_WG_D64`: its body on `SMEM_D64`, the two warpgroups splitting the
+//   products instead of the D columns (`SPLIT`);
+// - `SM90_WG_H32`, `SM90_WG_H16`: the body and layout of `SM90_WG` with the
+//   q tile's rows `H..63` zero and the padded heads' weights 0 (`Q_HEADS`);
+//   `SM90_WG_H32_D64`, `SM90_WG_H16_D64` the same on the D = 64 body;
+// - `SM90_WG_PAIR`: one CTA per SM of two halves, each half the row
+//   kernel's two warpgroups on its own copy of `SMEM`, walking rows `2 p`
+//   and `2 p + 1` of the same pairs in step, so that where the two rows
+//   select the same key in the same slot the pair reduces the sum of both
+//   dK rows once (`PAIR`);
+// - `SM90_WG_H128` (`SM90_WG_H128_D64` on the D = 64 body, `PAIR_D64`): the
+//   paired kernel's body with both halves of a CTA on the same row, half
+//   `h` holding heads `64 h .. 64 h + 64` (`HEAD_HALVES` in `ctx`); every
+//   item is fused (one dK product over all 128 heads, alternating between
+//   the halves, each key row reduced once).
+
 /// PTX entry name of the union kernel (sm_90a PTX only; `unite`): with
 /// [`crate::abi::FLAG_UNION`], one CTA of [`UNION_THREADS`] per row pair
 /// and [`UNION_SMEM`] bytes of dynamic shared memory, launched between
 /// stage 1 and the paired kernel; writes each pair's union list.
 pub const UNION_KERNEL: &str = crate::registry::SM90_UNION.name;
 const _: () = assert!(crate::registry::SM90_UNION.threads == UNION_THREADS);
-/// PTX entry names of the wgmma row kernels for H = 32 and 16, D = 64
-/// (sm_90a PTX only): the D = 64 body of [`WG_D64_KERNEL`] with the head
-/// tile padded as in [`WG_H32_KERNEL`].
-pub const WG_H32_D64_KERNEL: &str = crate::registry::SM90_WG_H32_D64.name;
-/// See [`WG_H32_D64_KERNEL`].
-pub const WG_H16_D64_KERNEL: &str = crate::registry::SM90_WG_H16_D64.name;
-/// PTX entry name of the wgmma kernel for H = 128, D = 64 (sm_90a PTX
-/// only): [`WG_H128_KERNEL`]'s halves on the D = 64 body ([`PAIR_D64`]).
-pub const WG_H128_D64_KERNEL: &str = crate::registry::SM90_WG_H128_D64.name;
-/// PTX entry name of the wgmma kernel for H = 128, D = 128 (sm_90a PTX
-/// only): the paired kernel's body with both halves of a CTA on the same
-/// row, half `h` holding heads `64 h .. 64 h + 64` (`HEAD_HALVES` in
-/// `ctx`); every item is fused (one dK product over all 128 heads,
-/// alternating between the halves, each key row reduced once).
-pub const WG_H128_KERNEL: &str = crate::registry::SM90_WG_H128.name;
 
 /// Heads of the wgmma kernel (the M = 64 of one warpgroup MMA).
 pub const HEADS: u32 = 64;
-/// Head dimension of the paired kernel and of [`WG_KERNEL`].
+/// Head dimension of the paired kernel and of [`SM90_WG`](crate::registry::SM90_WG).
 pub const DIM: u32 = 128;
-/// Head dimensions of the wgmma row kernels ([`WG_KERNEL`],
-/// [`WG_D64_KERNEL`]).
+/// Head dimensions of the wgmma row kernels ([`SM90_WG`](crate::registry::SM90_WG),
+/// [`SM90_WG_D64`](crate::registry::SM90_WG_D64)).
 pub const DIMS: [u32; 2] = [DIM, 64];
 /// Slots per chunk (the N of S, the K of dQ, the M of dK).
 pub const CHUNK: u32 = 64;
@@ -342,8 +326,8 @@ pub const fn smem(d: u32) -> WgSmem {
 /// The kernels of the wgmma path for one shape (heads, head dimension).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgRow {
-    /// The wgmma kernel ([`WG_KERNEL`], [`WG_D64_KERNEL`],
-    /// [`WG_H32_KERNEL`], [`WG_H16_KERNEL`] or [`WG_H128_KERNEL`]).
+    /// The wgmma kernel ([`SM90_WG`](crate::registry::SM90_WG), [`SM90_WG_D64`](crate::registry::SM90_WG_D64),
+    /// [`SM90_WG_H32`](crate::registry::SM90_WG_H32), [`SM90_WG_H16`](crate::registry::SM90_WG_H16) or [`SM90_WG_H128`](crate::registry::SM90_WG_H128)).
     pub kernel: &'static str,
     /// The stage-1 kernel launched ahead of it (zeroing a `B*S_k*D`
     /// accumulator).
@@ -407,14 +391,34 @@ pub const fn row_kernel(heads: u32, dim: u32) -> Option<WgRow> {
         crate::registry::STAGE1_D64.name,
     );
     match (heads, dim) {
-        (HEADS, DIM) => Some(row(WG_KERNEL, s1, SMEM, true)),
-        (32, DIM) => Some(row(WG_H32_KERNEL, s1, SMEM, false)),
-        (16, DIM) => Some(row(WG_H16_KERNEL, s1, SMEM, false)),
-        (HEADS, 64) => Some(row(WG_D64_KERNEL, s1_d64, SMEM_D64, false)),
-        (32, 64) => Some(row(WG_H32_D64_KERNEL, s1_d64, SMEM_D64, false)),
-        (16, 64) => Some(row(WG_H16_D64_KERNEL, s1_d64, SMEM_D64, false)),
-        (128, DIM) => Some(halves(WG_H128_KERNEL, s1, SMEM, PAIR)),
-        (128, 64) => Some(halves(WG_H128_D64_KERNEL, s1_d64, SMEM_D64, PAIR_D64)),
+        (HEADS, DIM) => Some(row(crate::registry::SM90_WG.name, s1, SMEM, true)),
+        (32, DIM) => Some(row(crate::registry::SM90_WG_H32.name, s1, SMEM, false)),
+        (16, DIM) => Some(row(crate::registry::SM90_WG_H16.name, s1, SMEM, false)),
+        (HEADS, 64) => Some(row(
+            crate::registry::SM90_WG_D64.name,
+            s1_d64,
+            SMEM_D64,
+            false,
+        )),
+        (32, 64) => Some(row(
+            crate::registry::SM90_WG_H32_D64.name,
+            s1_d64,
+            SMEM_D64,
+            false,
+        )),
+        (16, 64) => Some(row(
+            crate::registry::SM90_WG_H16_D64.name,
+            s1_d64,
+            SMEM_D64,
+            false,
+        )),
+        (128, DIM) => Some(halves(crate::registry::SM90_WG_H128.name, s1, SMEM, PAIR)),
+        (128, 64) => Some(halves(
+            crate::registry::SM90_WG_H128_D64.name,
+            s1_d64,
+            SMEM_D64,
+            PAIR_D64,
+        )),
         _ => None,
     }
 }
@@ -451,7 +455,7 @@ const _: () = {
     }
 };
 
-/// Launch shape of the paired kernel ([`WG_PAIR_KERNEL`]).
+/// Launch shape of the paired kernel ([`SM90_WG_PAIR`](crate::registry::SM90_WG_PAIR)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PairLayout {
     /// Threads per CTA: two halves of [`THREADS`].
@@ -1012,10 +1016,13 @@ mod tests {
         assert!(CTAS_PER_SM * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
         // The kernels of each dimension.
         let (a, b) = (row_kernel(64, 128).unwrap(), row_kernel(64, 64).unwrap());
-        assert_eq!((a.kernel, a.smem, a.paired), (WG_KERNEL, SMEM, true));
+        assert_eq!(
+            (a.kernel, a.smem, a.paired),
+            (crate::registry::SM90_WG.name, SMEM, true)
+        );
         assert_eq!(
             (b.kernel, b.smem, b.paired),
-            (WG_D64_KERNEL, SMEM_D64, false)
+            (crate::registry::SM90_WG_D64.name, SMEM_D64, false)
         );
         for r in [a, b] {
             assert_eq!(
@@ -1052,8 +1059,8 @@ mod tests {
                 assert!(!r.paired);
             }
         }
-        assert_eq!(WG_H32_KERNEL, "indexer_bwd_wg_h32_d128");
-        assert_eq!(WG_H16_KERNEL, "indexer_bwd_wg_h16_d128");
+        assert_eq!(crate::registry::SM90_WG_H32.name, "indexer_bwd_wg_h32_d128");
+        assert_eq!(crate::registry::SM90_WG_H16.name, "indexer_bwd_wg_h16_d128");
         // H = 128: the paired layout and launch shape, one CTA per SM.
         let r = row_kernel(128, 128).unwrap();
         assert_eq!(r.kernel, "indexer_bwd_wg_h128_d128");

@@ -24,7 +24,7 @@
 //! dependent and waits for it (`griddepcontrol.wait`) only before reading
 //! grad_signal or adding into dK.
 //!
-//! The paired kernel (`super::WG_PAIR_KERNEL`) runs this body twice per
+//! The paired kernel (`registry::SM90_WG_PAIR`) runs this body twice per
 //! CTA, one half per pair of warpgroups on its own copy of the shared
 //! memory layout, rows `2 p` and `2 p + 1` of the same pairs `p` in step:
 //! each item's barrier B2 spans the whole CTA and counts the slots whose
@@ -111,7 +111,7 @@ struct State {
 /// `super::stage1` on the same parameters (or after it completed), and a
 /// `GradParams` whose pointers and sizes the host has validated.
 ///
-/// `PAIRED`: the paired kernel's body instead ([`super::WG_PAIR_KERNEL`]:
+/// `PAIRED`: the paired kernel's body instead ([`SM90_WG_PAIR`](crate::registry::SM90_WG_PAIR):
 /// `super::pair_grid` CTAs of `PAIR.threads`, `PAIR.bytes` of dynamic
 /// shared memory, an even number of rows). Half `h` of CTA `cta` runs this
 /// body on rows `2 (cta + k grid) + h` with its own copy of the layout;

@@ -81,7 +81,10 @@ use indexer_tests::report::{
     Ceilings, IdStats, Point, Workload,
 };
 use indexer_tests::{grad_vec, DeviceProblem, Gen, Padding, Problem, Values};
-use kernels_gpu::params::*;
+use kernels_gpu::abi::*;
+use kernels_gpu::registry::{
+    CEIL_COPY, CEIL_GATHER, CEIL_GATHER_REDUCE, CEIL_MMA, CEIL_SCATTER_BULK, CEIL_SCATTER_RED,
+};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -22,10 +22,10 @@ use dsa_indexer_bwd::{
     StageEvents, TCGEN05_VALIDATED,
 };
 use indexer_tests::{check_against_reference, DeviceProblem, Gen, Padding, Problem, Values};
-use kernels_gpu::params::{
-    watchdog_untag, WatchdogRecord, WATCHDOG_PROBE_KERNEL, WATCHDOG_PROBE_SMEM,
-    WATCHDOG_PROBE_THREADS,
+use kernels_gpu::abi::{
+    watchdog_untag, WatchdogRecord, WATCHDOG_PROBE_SMEM, WATCHDOG_PROBE_THREADS,
 };
+use kernels_gpu::registry::WATCHDOG_PROBE_KERNEL;
 use kernels_gpu::sm100::budget::{K_STAGES, Q_STAGES, SM100_CHUNK};
 use kernels_gpu::sm100::proto;
 use rand::rngs::StdRng;

@@ -1,4 +1,4 @@
-//! The wgmma row kernel for H = 64, D = 64 ([`super::WG_D64_KERNEL`]): the
+//! The wgmma row kernel for H = 64, D = 64 ([`SM90_WG_D64`](crate::registry::SM90_WG_D64)): the
 //! role modules of `super` (their source files) compiled a second time as
 //! children of this module, which gives them D = 64 and its sizes in place
 //! of the D = 128 ones they read from `super` (`super::*` is imported

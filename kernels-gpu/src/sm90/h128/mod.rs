@@ -1,4 +1,4 @@
-//! The wgmma kernel for H = 128, D = 128 ([`super::WG_H128_KERNEL`]): the
+//! The wgmma kernel for H = 128, D = 128 ([`SM90_WG_H128`](crate::registry::SM90_WG_H128)): the
 //! role modules of `super` (their source files) compiled a second time as
 //! children of this module, which gives them `Q_HEADS = 128` in place of
 //! 64, run as the paired kernel's body (`PAIRED`). The M = 64 head tile

@@ -1,4 +1,4 @@
-//! The wgmma kernel for H = 128, D = 64 ([`super::WG_H128_D64_KERNEL`]):
+//! The wgmma kernel for H = 128, D = 64 ([`SM90_WG_H128_D64`](crate::registry::SM90_WG_H128_D64)):
 //! the role modules of `super` compiled a second time as children of this
 //! module with the D = 64 sizes (`d64_sizes!`, as in `super::d64`: the
 //! warpgroups of each half split the products, `SPLIT`) and

@@ -1,4 +1,4 @@
-//! The wgmma row kernel for H = 16, D = 64 ([`super::WG_H16_D64_KERNEL`]):
+//! The wgmma row kernel for H = 16, D = 64 ([`SM90_WG_H16_D64`](crate::registry::SM90_WG_H16_D64)):
 //! the role modules of `super` compiled a second time as children of this
 //! module with the D = 64 sizes (`d64_sizes!`, as in `super::d64`) and
 //! `Q_HEADS = 16` (the head tile padded, as in `super::h16`: q rows

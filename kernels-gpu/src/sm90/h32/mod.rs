@@ -1,4 +1,4 @@
-//! The wgmma row kernel for H = 32, D = 128 ([`super::WG_H32_KERNEL`]):
+//! The wgmma row kernel for H = 32, D = 128 ([`SM90_WG_H32`](crate::registry::SM90_WG_H32)):
 //! the role modules of `super` (their source files) compiled a second time
 //! as children of this module, which gives them `Q_HEADS = 32` in place of
 //! 64 (`super::*` is imported whole; the item below shadows it). Everything
