@@ -49,7 +49,6 @@ pub mod score;
 pub mod sm100;
 pub mod sm90;
 pub mod tiles;
-pub mod union;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod ptx;
