@@ -135,7 +135,7 @@ fn wg_row(shape: &Shape) -> Option<sm90::WgRow> {
         u32::try_from(shape.heads).ok()?,
         u32::try_from(shape.head_dim).ok()?,
     );
-    sm90::row_kernel(h, d)
+    sm90::wg_row(h, d)
 }
 
 /// Why the tcgen05 kernels cannot take `shape`, or `None` when they can.
@@ -174,7 +174,7 @@ pub(crate) enum PathKind {
     /// the paired wgmma kernel, then the persistent wgmma kernel of the
     /// shape.
     Sm90 {
-        /// The kernels of the shape (`sm90::row_kernel`).
+        /// The kernels of the shape (`sm90::wg_row`).
         row: sm90::WgRow,
         /// Whether the paired kernel is launched (H = 64, D = 128 and an
         /// even number of rows).
@@ -594,7 +594,7 @@ mod tests {
             batch: 1,
             ..both()
         };
-        let d128 = sm90::row_kernel(64, 128).unwrap();
+        let d128 = sm90::wg_row(64, 128).unwrap();
         assert_eq!(
             path(9, 0, &both(), Backend::Auto),
             PathKind::Sm90 {
@@ -632,7 +632,7 @@ mod tests {
     fn h64_d64_takes_the_wgmma_row_kernel_above_one_chunk() {
         use GradDtype::{Bf16, F32};
         let d64 = PathKind::Sm90 {
-            row: sm90::row_kernel(64, 64).unwrap(),
+            row: sm90::wg_row(64, 64).unwrap(),
             paired: false,
             unions: Unions::Never,
         };
@@ -671,8 +671,8 @@ mod tests {
             );
         }
         let l = sm90::SMEM_D64;
-        assert_eq!(sm90::row_kernel(64, 64).unwrap().smem, l);
-        assert!(sm90::row_kernel(64, 96).is_none());
+        assert_eq!(sm90::wg_row(64, 64).unwrap().smem, l);
+        assert!(sm90::wg_row(64, 96).is_none());
     }
 
     #[test]
@@ -691,7 +691,7 @@ mod tests {
             (16, 64, "indexer_bwd_wg_h16_d64"),
         ] {
             let want = PathKind::Sm90 {
-                row: sm90::row_kernel(h, d).unwrap(),
+                row: sm90::wg_row(h, d).unwrap(),
                 paired: false,
                 unions: Unions::Never,
             };
@@ -727,14 +727,14 @@ mod tests {
         assert!(crate::launch::sm90::row_chunks(&shape(64, 128, 2048)));
         assert!(crate::launch::sm90::row_chunks(&shape(64, 64, 2048)));
         // H = 128 runs one CTA of two halves per SM, on the paired layout.
-        let h128 = sm90::row_kernel(128, 128).unwrap();
+        let h128 = sm90::wg_row(128, 128).unwrap();
         assert_eq!(
             (h128.threads, h128.bytes),
             (sm90::PAIR.threads, sm90::PAIR.bytes)
         );
         assert_eq!(h128.grid(10_000, 132), 132);
-        assert_eq!(sm90::row_kernel(64, 128).unwrap().grid(10_000, 132), 264);
-        assert!(sm90::row_kernel(128, 96).is_none());
+        assert_eq!(sm90::wg_row(64, 128).unwrap().grid(10_000, 132), 264);
+        assert!(sm90::wg_row(128, 96).is_none());
     }
 
     #[test]
@@ -743,10 +743,10 @@ mod tests {
         let row = grad_kernel_name(64, 128).unwrap();
         let t = "sm100_stage2_t256_h64";
         let (d128, d64) = (
-            sm90::row_kernel(64, 128).unwrap(),
-            sm90::row_kernel(64, 64).unwrap(),
+            sm90::wg_row(64, 128).unwrap(),
+            sm90::wg_row(64, 64).unwrap(),
         );
-        let h32 = sm90::row_kernel(32, 128).unwrap();
+        let h32 = sm90::wg_row(32, 128).unwrap();
         let cases: [(PathKind, &[&str]); 6] = [
             (PathKind::Rows { kernel: row }, &[row]),
             (

@@ -18,7 +18,7 @@
 //! a function leaves out what it does not need.
 
 /// Persistent grid: `per_sm` CTAs per SM, never more CTAs than `units`.
-pub const fn grid(units: u32, sms: u32, per_sm: u32) -> u32 {
+pub const fn persistent_grid(units: u32, sms: u32, per_sm: u32) -> u32 {
     let slots = sms * per_sm;
     if units < slots {
         units
@@ -151,11 +151,11 @@ mod tests {
 
     #[test]
     fn grids_are_capped_by_units_and_by_slots() {
-        assert_eq!(grid(4096, 132, 1), 132);
-        assert_eq!(grid(7, 132, 1), 7);
-        assert_eq!(grid(8192, 132, 2), 264);
-        assert_eq!(grid(200, 132, 2), 200);
-        assert_eq!(grid(0, 132, 2), 0);
+        assert_eq!(persistent_grid(4096, 132, 1), 132);
+        assert_eq!(persistent_grid(7, 132, 1), 7);
+        assert_eq!(persistent_grid(8192, 132, 2), 264);
+        assert_eq!(persistent_grid(200, 132, 2), 200);
+        assert_eq!(persistent_grid(0, 132, 2), 0);
     }
 
     #[test]

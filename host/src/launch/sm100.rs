@@ -156,7 +156,7 @@ impl Sm100Kernels {
             q_map: encode(p.index_q, &self.maps.1)?,
             p: *p,
         };
-        let grid2 = sched::grid(run.shape.rows() as u32, self.sms, 1).max(1);
+        let grid2 = sched::persistent_grid(run.shape.rows() as u32, self.sms, 1).max(1);
         // SAFETY: forwarded from the caller; stage 1's contract is kept by
         // `launch_stage1`; stage 2: one persistent CTA per SM at most,
         // SM100_STAGE2_THREADS threads, SM100_SMEM bytes (limit raised in

@@ -5,7 +5,7 @@
 //!
 //! Chosen ([`crate::select::PathKind::Sm90`]) on compute capability 9.0,
 //! whose `sm_90a` module alone holds these kernels, for H = 64 with D = 128
-//! or 64, and H = 128, 32 or 16 with D = 128 (`kernels_gpu::sm90::row_kernel`:
+//! or 64, and H = 128, 32 or 16 with D = 128 (`kernels_gpu::sm90::wg_row`:
 //! each its own kernel, layout, launch shape and stage 1) and more than
 //! one 64-slot chunk per row (`kernels_gpu::sm90::supports`), under
 //! `Backend::Auto` or `Backend::Hopper`. With H = 64, D = 128 and an even

@@ -2,7 +2,7 @@
 //! topk specializations, and the position and phases of a use of an
 //! mbarrier-guarded ring. Which rows a CTA processes and the grid size are
 //! the shared persistent scheduler's (`crate::sched`), dealt one CTA per
-//! SM: `sched::grid(rows, sms, 1)`, rows `sched::rows_of(rows, ctas, cta)`.
+//! SM: `sched::persistent_grid(rows, sms, 1)`, rows `sched::rows_of(rows, ctas, cta)`.
 
 /// 128-slot chunks of one row for the `topk` specializations (128, 256,
 /// 384); `None` for any other topk (those use the `mma.sync` kernels).

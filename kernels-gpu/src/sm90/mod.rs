@@ -143,7 +143,7 @@ macro_rules! halves_entry {
 // (`row_entry!`, `halves_entry!`).
 sm90a_modules!(d64, h128, h128_d64, h16, h16_d64, h32, h32_d64);
 
-pub use sched::{grid, pair_grid, row_chunks, Pos, Walk, SKIP_MIN_TOPK};
+pub use sched::{pair_grid, row_chunks, row_grid, Pos, Walk, SKIP_MIN_TOPK};
 
 // The kernels of this module, by their registry entries (sm_90a PTX only):
 // - `SM90_WG`: the wgmma row kernel (H = 64, D = 128);
@@ -350,13 +350,13 @@ impl WgRow {
     /// The persistent grid for `rows` query rows on `sms` SMs (one row per
     /// CTA at a time, rows dealt round robin).
     pub const fn grid(&self, rows: u32, sms: u32) -> u32 {
-        crate::sched::grid(rows, sms, self.ctas_per_sm)
+        crate::sched::persistent_grid(rows, sms, self.ctas_per_sm)
     }
 }
 
 /// The wgmma path's kernels for `heads` x `dim`, or `None` for a shape it
 /// does not take (H in {16, 32, 64, 128} with D in {64, 128}).
-pub const fn row_kernel(heads: u32, dim: u32) -> Option<WgRow> {
+pub const fn wg_row(heads: u32, dim: u32) -> Option<WgRow> {
     // Two warpgroups on one row, two CTAs per SM.
     const fn row(kernel: &'static str, stage1: &'static str, smem: WgSmem, paired: bool) -> WgRow {
         WgRow {
@@ -1015,7 +1015,7 @@ mod tests {
         assert_eq!((l.used, l.bytes), (64_256, 65_280));
         assert!(CTAS_PER_SM * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM);
         // The kernels of each dimension.
-        let (a, b) = (row_kernel(64, 128).unwrap(), row_kernel(64, 64).unwrap());
+        let (a, b) = (wg_row(64, 128).unwrap(), wg_row(64, 64).unwrap());
         assert_eq!(
             (a.kernel, a.smem, a.paired),
             (crate::registry::SM90_WG.name, SMEM, true)
@@ -1032,7 +1032,7 @@ mod tests {
         }
         assert_eq!(a.stage1, crate::registry::STAGE1.name);
         assert_eq!(b.stage1, "indexer_score_grad_d64");
-        assert!(row_kernel(64, 96).is_none() && row_kernel(64, 256).is_none());
+        assert!(wg_row(64, 96).is_none() && wg_row(64, 256).is_none());
         assert_eq!(DIMS, [128, 64]);
     }
 
@@ -1048,7 +1048,7 @@ mod tests {
         ] {
             for (d, name, smem, stage1) in [(128, name, SMEM, s1), (64, name_d64, SMEM_D64, s1_d64)]
             {
-                let r = row_kernel(h, d).unwrap();
+                let r = wg_row(h, d).unwrap();
                 assert_eq!(r.kernel, name);
                 assert_eq!(r.smem, smem, "the M = 64 tile, padded");
                 assert_eq!(r.stage1, stage1);
@@ -1062,7 +1062,7 @@ mod tests {
         assert_eq!(crate::registry::SM90_WG_H32.name, "indexer_bwd_wg_h32_d128");
         assert_eq!(crate::registry::SM90_WG_H16.name, "indexer_bwd_wg_h16_d128");
         // H = 128: the paired layout and launch shape, one CTA per SM.
-        let r = row_kernel(128, 128).unwrap();
+        let r = wg_row(128, 128).unwrap();
         assert_eq!(r.kernel, "indexer_bwd_wg_h128_d128");
         assert_eq!((r.smem, r.stage1), (SMEM, crate::registry::STAGE1.name));
         assert_eq!(
@@ -1072,7 +1072,7 @@ mod tests {
         assert!(!r.paired);
         assert_eq!(r.grid(5, 132), 5);
         assert_eq!(r.grid(1000, 132), 132);
-        let r = row_kernel(128, 64).unwrap();
+        let r = wg_row(128, 64).unwrap();
         assert_eq!(r.kernel, "indexer_bwd_wg_h128_d64");
         assert_eq!(
             (r.smem, r.stage1),
@@ -1085,9 +1085,9 @@ mod tests {
         // Two copies of the D = 64 layout, each 1024-aligned.
         assert_eq!(PAIR_D64.half_stride, 64_512);
         assert_eq!(PAIR_D64.bytes, 2 * 64_512 + ALIGN_SLACK);
-        assert!(row_kernel(128, 96).is_none());
+        assert!(wg_row(128, 96).is_none());
         for h in [8, 48, 256] {
-            assert!(row_kernel(h, 128).is_none(), "H = {h}");
+            assert!(wg_row(h, 128).is_none(), "H = {h}");
         }
     }
 

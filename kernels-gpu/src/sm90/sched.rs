@@ -9,8 +9,8 @@ use crate::sched;
 
 /// Persistent grid of the row kernel: [`CTAS_PER_SM`] CTAs per SM, never
 /// more than rows. Rows are dealt round robin (`crate::sched::row_at`).
-pub const fn grid(rows: u32, sms: u32) -> u32 {
-    sched::grid(rows, sms, CTAS_PER_SM)
+pub const fn row_grid(rows: u32, sms: u32) -> u32 {
+    sched::persistent_grid(rows, sms, CTAS_PER_SM)
 }
 
 /// Persistent grid of the paired kernel: one CTA per SM, never more than
@@ -18,7 +18,7 @@ pub const fn grid(rows: u32, sms: u32) -> u32 {
 /// dealt round robin: CTA `cta` takes pairs `row_at(ctas, cta, k)`, rows
 /// `2 p` and `2 p + 1` of each.
 pub const fn pair_grid(rows: u32, sms: u32) -> u32 {
-    sched::grid(rows / 2, sms, 1)
+    sched::persistent_grid(rows / 2, sms, 1)
 }
 
 /// Smallest topk for which the host asks stage 1 for per-row chunk counts
@@ -127,7 +127,7 @@ mod tests {
             (8192, 132),
             (1000, 7),
         ] {
-            let ctas = grid(rows, sms);
+            let ctas = row_grid(rows, sms);
             assert!(ctas >= 1 && ctas <= rows && ctas <= 2 * sms);
             let mut seen = std::vec![0u8; rows as usize];
             for cta in 0..ctas {

@@ -1,6 +1,6 @@
 //! The persistent warpgroup-MMA stage-2 kernel of the Hopper fast path
 //! (sm_90a, H = 64, D = 128; compiled again for D = 64 by `super::d64`,
-//! whose constants the role modules then read): [`super::grid`] CTAs of
+//! whose constants the role modules then read): [`super::row_grid`] CTAs of
 //! two warpgroups, each
 //! walking its rows `cta, cta + grid, ...` as one flat sequence of 64-slot
 //! chunks, so the next row's q tile, key rows and first K rows are loaded
@@ -104,7 +104,7 @@ struct State {
 /// The kernel body.
 ///
 /// # Safety
-/// Launched with [`THREADS`] threads, `super::grid(B * S_q, SMs)` CTAs,
+/// Launched with [`THREADS`] threads, `super::row_grid(B * S_q, SMs)` CTAs,
 /// `SMEM.bytes` of dynamic shared memory, `H = 64`, `D = DIM` (the
 /// parent's: 128, or 64 in `super::d64`'s copy),
 /// `super::supports(B * S_q, topk)`, as the programmatic dependent of

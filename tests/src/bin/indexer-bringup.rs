@@ -404,14 +404,14 @@ fn run_checked(ctx: &Arc<CudaContext>, p: &Problem) -> Result<String, String> {
     }
 }
 
-/// Stage 2's grid (`sched::grid`: one CTA per SM, at most one per row).
+/// Stage 2's grid (`sched::persistent_grid`: one CTA per SM, at most one per row).
 fn grid_of(ctx: &Arc<CudaContext>, rows: u32) -> u32 {
     use dsa_indexer_bwd::cudarc::driver::sys::CUdevice_attribute;
     let sms = ctx
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .unwrap_or(1)
         .max(1) as u32;
-    kernels_gpu::sched::grid(rows, sms, 1).max(1)
+    kernels_gpu::sched::persistent_grid(rows, sms, 1).max(1)
 }
 
 fn problem(seed: u64, shape: Shape, opts: Options, padding: Padding, short_rows: f64) -> Problem {
