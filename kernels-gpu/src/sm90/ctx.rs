@@ -307,6 +307,40 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
         }
     }
 
+    /// Barrier B2 of an item: dS complete and fenced. The whole CTA in the
+    /// paired kernel (both halves, which also frees both halves' staging
+    /// of earlier items), else this half's uniform barrier.
+    ///
+    /// # Safety
+    /// Called with uniform control flow by every thread of the CTA (the
+    /// halves of a paired CTA walk the same items); barrier 0 has no other
+    /// use in the item loop.
+    #[rustc_force_inline]
+    pub unsafe fn barrier_b2(&self) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if PAIRED {
+                Bar::Cta.sync()
+            } else {
+                self.bar_half()
+            }
+        }
+    }
+
+    /// Barrier M of an item: its staging, key rows and d_weights
+    /// partials, the next chunk's K rows (and the next row's q) and the
+    /// slot data two items ahead visible, every wgmma of the item
+    /// complete; paired: the votes on the next item. This half's uniform
+    /// barrier.
+    ///
+    /// # Safety
+    /// As [`Ctx::bar_half`].
+    #[rustc_force_inline]
+    pub unsafe fn barrier_m(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.bar_half() }
+    }
+
     /// Query row of local row `k` (paired: of this half).
     pub fn row_of(&self, k: u32) -> u32 {
         if PAIRED && !HEAD_HALVES {

@@ -313,16 +313,10 @@ unsafe fn item<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF>, s
     // neither computes nor stages dK. Every read of either half's
     // staging of earlier items precedes it, so it also frees both
     // stagings.
-    let fused = if PAIRED {
-        // SAFETY: every thread of the CTA reaches it (the halves walk
-        // the same items); barrier 0 has no other use in the loop.
-        unsafe { Bar::Cta.sync() };
-        voted
-    } else {
-        // SAFETY: uniform control flow, every thread of the CTA.
-        unsafe { c.bar_half() };
-        None
-    };
+    // SAFETY: every thread of the CTA reaches it with uniform control
+    // flow (the halves walk the same items).
+    unsafe { c.barrier_b2() };
+    let fused = if PAIRED { voted } else { None };
 
     // ---- MMA: dQ(c) and dK(c). Paired, fused item: this half stages
     // nothing unless it computes (one product and one staging of the
@@ -417,7 +411,7 @@ unsafe fn next_items<const PAIRED: bool, const HALF: u32>(
     // c, K(c+1) (and the next row's q) and the slot data of c+2
     // visible; every wgmma of c complete; paired: the votes on c+1.
     // SAFETY: uniform control flow, every thread of the half.
-    unsafe { c.bar_half() };
+    unsafe { c.barrier_m() };
     if ahead2.k < c.my_rows {
         gather(c, set);
     }
