@@ -159,10 +159,6 @@ impl Plan {
 /// order of [`Ptrs`]; lengths are the shape's (the caller's promise), so
 /// only the workspace size, alignment and overlap are left to check.
 fn raw_args(shape: &Shape, opts: &Options, b: &RawBuffers, ctx: sys::CUcontext) -> [Arg; 11] {
-    let size = |d: GradDtype| match d {
-        GradDtype::F32 => 4,
-        GradDtype::Bf16 => 2,
-    };
     let dk_align = args::dk_align(opts.d_index_k);
     let arg =
         |name, ptr, len, elem, align, output| raw_arg(name, ptr, len, elem, align, output, ctx);
@@ -193,7 +189,7 @@ fn raw_args(shape: &Shape, opts: &Options, b: &RawBuffers, ctx: sys::CUcontext) 
             "d_weights",
             b.d_weights,
             w,
-            size(b.d_weights_dtype),
+            b.d_weights_dtype.bytes(),
             4,
             true,
         ),
@@ -201,7 +197,7 @@ fn raw_args(shape: &Shape, opts: &Options, b: &RawBuffers, ctx: sys::CUcontext) 
             "d_index_k",
             b.d_index_k,
             k,
-            size(b.d_index_k_dtype),
+            b.d_index_k_dtype.bytes(),
             dk_align,
             true,
         ),

@@ -138,6 +138,14 @@ pub enum GradDtype {
 }
 
 impl GradDtype {
+    /// Bytes per element.
+    pub const fn bytes(self) -> usize {
+        match self {
+            GradDtype::F32 => 4,
+            GradDtype::Bf16 => 2,
+        }
+    }
+
     /// Name used in error messages.
     pub fn name(self) -> &'static str {
         match self {

@@ -243,30 +243,19 @@ pub(crate) fn dense_cpu_execute(
         ratio,
     )?;
     let opts = dense_options(sm_scale, d_index_k_dtype, d_weights_dtype)?;
-    let size = |d: GradDtype| match d {
-        GradDtype::F32 => 4,
-        GradDtype::Bf16 => 2,
-    };
-    let arg = |name, addr, len, elem, output| HostArg {
-        name,
-        addr,
-        len,
-        elem,
-        output,
-    };
     let (score, rows) = (s.score_len(), s.rows());
     let (q, w, k) = (s.q_len(), s.w_len(), s.k_len());
     check_host(&[
-        arg("index_q", index_q, q, 2, false),
-        arg("weights", weights, w, 2, false),
-        arg("index_k", index_k, k, 2, false),
-        arg("attn_score", attn_score, score, 4, false),
-        arg("attn_l1norm", attn_l1norm, rows, 4, false),
-        arg("index_lse", index_lse, rows, 4, false),
-        arg("index_score", index_score, score, 4, true),
-        arg("d_index_q", d_index_q, q, 2, true),
-        arg("d_weights", d_weights, w, size(opts.d_weights), true),
-        arg("d_index_k", d_index_k, k, size(opts.d_index_k), true),
+        HostArg::new("index_q", index_q, q, 2, false),
+        HostArg::new("weights", weights, w, 2, false),
+        HostArg::new("index_k", index_k, k, 2, false),
+        HostArg::new("attn_score", attn_score, score, 4, false),
+        HostArg::new("attn_l1norm", attn_l1norm, rows, 4, false),
+        HostArg::new("index_lse", index_lse, rows, 4, false),
+        HostArg::new("index_score", index_score, score, 4, true),
+        HostArg::new("d_index_q", d_index_q, q, 2, true),
+        HostArg::new("d_weights", d_weights, w, opts.d_weights.bytes(), true),
+        HostArg::new("d_index_k", d_index_k, k, opts.d_index_k.bytes(), true),
     ])?;
     py.detach(|| {
         // SAFETY: the caller (the Python layer, or a test holding the

@@ -205,21 +205,14 @@ pub(crate) fn cpu_forward(
     let s = shape(dims)?;
     let o = fwd_options(sm_scale, key_ids, score, "auto")?;
     let id = if ids_i64 { 8 } else { 4 };
-    let arg = |name, addr, len, elem, output| HostArg {
-        name,
-        addr,
-        len,
-        elem,
-        output,
-    };
     let (slots, q, w, k) = (s.slots(), s.q_len(), s.w_len(), s.k_len());
     check_host(&[
-        arg("index_q", index_q, q, 2, false),
-        arg("weights", weights, w, 2, false),
-        arg("index_k", index_k, k, 2, false),
-        arg("topk_indices", topk_indices, slots, id, false),
-        arg("index_score", index_score, slots, 4, true),
-        arg("lse", lse, s.rows(), 4, true),
+        HostArg::new("index_q", index_q, q, 2, false),
+        HostArg::new("weights", weights, w, 2, false),
+        HostArg::new("index_k", index_k, k, 2, false),
+        HostArg::new("topk_indices", topk_indices, slots, id, false),
+        HostArg::new("index_score", index_score, slots, 4, true),
+        HostArg::new("lse", lse, s.rows(), 4, true),
     ])?;
     py.detach(|| {
         // SAFETY: the caller passes live host buffers of these element
@@ -289,20 +282,13 @@ pub(crate) fn dense_cpu_forward(
         ratio,
     )?;
     let o = fwd_options(sm_scale, "global", "probs", "auto")?;
-    let arg = |name, addr, len, elem, output| HostArg {
-        name,
-        addr,
-        len,
-        elem,
-        output,
-    };
     let (q, w, k) = (s.q_len(), s.w_len(), s.k_len());
     check_host(&[
-        arg("index_q", index_q, q, 2, false),
-        arg("weights", weights, w, 2, false),
-        arg("index_k", index_k, k, 2, false),
-        arg("index_score", index_score, s.score_len(), 4, true),
-        arg("index_lse", index_lse, s.rows(), 4, true),
+        HostArg::new("index_q", index_q, q, 2, false),
+        HostArg::new("weights", weights, w, 2, false),
+        HostArg::new("index_k", index_k, k, 2, false),
+        HostArg::new("index_score", index_score, s.score_len(), 4, true),
+        HostArg::new("index_lse", index_lse, s.rows(), 4, true),
     ])?;
     py.detach(|| {
         // SAFETY: as `cpu_forward`.

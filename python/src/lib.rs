@@ -304,6 +304,20 @@ struct HostArg {
     output: bool,
 }
 
+impl HostArg {
+    /// Tensor `name` at host address `addr`: `len` elements of `elem`
+    /// bytes, written when `output`.
+    const fn new(name: &'static str, addr: usize, len: usize, elem: usize, output: bool) -> Self {
+        HostArg {
+            name,
+            addr,
+            len,
+            elem,
+            output,
+        }
+    }
+}
+
 /// Checks host addresses before slices are made of them: non-null,
 /// aligned to the element size, and no output overlapping another tensor
 /// (a `&mut` slice may alias nothing).
@@ -369,28 +383,17 @@ fn cpu_execute(
         d_weights_dtype,
         "auto",
     )?;
-    let size = |d: GradDtype| match d {
-        GradDtype::F32 => 4,
-        GradDtype::Bf16 => 2,
-    };
-    let arg = |name, addr, len, elem, output| HostArg {
-        name,
-        addr,
-        len,
-        elem,
-        output,
-    };
     let (slots, q, w, k) = (s.slots(), s.q_len(), s.w_len(), s.k_len());
     check_host(&[
-        arg("index_q", index_q, q, 2, false),
-        arg("weights", weights, w, 2, false),
-        arg("index_k", index_k, k, 2, false),
-        arg("index_score", index_score, slots, 4, false),
-        arg("topk_indices", topk_indices, slots, 4, false),
-        arg("attn_score", attn_score, slots, 4, true),
-        arg("d_index_q", d_index_q, q, 2, true),
-        arg("d_weights", d_weights, w, size(opts.d_weights), true),
-        arg("d_index_k", d_index_k, k, size(opts.d_index_k), true),
+        HostArg::new("index_q", index_q, q, 2, false),
+        HostArg::new("weights", weights, w, 2, false),
+        HostArg::new("index_k", index_k, k, 2, false),
+        HostArg::new("index_score", index_score, slots, 4, false),
+        HostArg::new("topk_indices", topk_indices, slots, 4, false),
+        HostArg::new("attn_score", attn_score, slots, 4, true),
+        HostArg::new("d_index_q", d_index_q, q, 2, true),
+        HostArg::new("d_weights", d_weights, w, opts.d_weights.bytes(), true),
+        HostArg::new("d_index_k", d_index_k, k, opts.d_index_k.bytes(), true),
     ])?;
     py.detach(|| {
         // SAFETY: the caller (the Python layer, or a test holding the

@@ -125,10 +125,6 @@ impl Plan {
 /// shape's (the caller's promise), so only the workspace size, alignment
 /// and overlap are left to check.
 fn raw_args(shape: &Shape, opts: &Options, b: &DenseRawBuffers, ctx: sys::CUcontext) -> [Arg; 12] {
-    let size = |d: GradDtype| match d {
-        GradDtype::F32 => 4,
-        GradDtype::Bf16 => 2,
-    };
     let arg =
         |name, ptr, len, elem, align, output| raw_arg(name, ptr, len, elem, align, output, ctx);
     let (score, rows) = (shape.score_len(), shape.rows());
@@ -139,7 +135,7 @@ fn raw_args(shape: &Shape, opts: &Options, b: &DenseRawBuffers, ctx: sys::CUcont
         b.workspace_bytes
     };
     let dk_align = args::dk_align(opts.d_index_k);
-    let (dw_size, dk_size) = (size(b.d_weights_dtype), size(b.d_index_k_dtype));
+    let (dw_size, dk_size) = (b.d_weights_dtype.bytes(), b.d_index_k_dtype.bytes());
     [
         arg("index_q", b.index_q, q, 2, 16, false),
         arg("weights", b.weights, w, 2, 2, false),
