@@ -118,10 +118,10 @@ macro_rules! dk_steps {
     };
 }
 
-/// `asm!` with the 16 accumulator registers of an `m64n32` tile as its
-/// first operands `d0`..`d15` (in/out), then the given ones, then
-/// `options(nostack)`: the wrappers below differ only in their templates.
-macro_rules! asm_acc16 {
+/// `asm!` with the 8 accumulator registers of an `m64n16` tile as its
+/// first operands `d0`..`d7` (in/out), then the given ones, then
+/// `options(nostack)`.
+macro_rules! asm_acc8 {
     ($acc:expr, [$($t:expr),* $(,)?], $($op:tt)*) => {
         asm!(
             $($t),*,
@@ -133,6 +133,20 @@ macro_rules! asm_acc16 {
             d5 = inout(reg32) $acc[5],
             d6 = inout(reg32) $acc[6],
             d7 = inout(reg32) $acc[7],
+            $($op)*
+            options(nostack),
+        )
+    };
+}
+
+/// [`asm_acc8`] for the 16 accumulator registers of an `m64n32` tile
+/// (`d8`..`d15` passed on as the first of the given operands): the
+/// wrappers below differ only in their templates.
+macro_rules! asm_acc16 {
+    ($acc:expr, [$($t:expr),* $(,)?], $($op:tt)*) => {
+        asm_acc8!(
+            $acc,
+            [$($t),*],
             d8 = inout(reg32) $acc[8],
             d9 = inout(reg32) $acc[9],
             d10 = inout(reg32) $acc[10],
@@ -142,7 +156,6 @@ macro_rules! asm_acc16 {
             d14 = inout(reg32) $acc[14],
             d15 = inout(reg32) $acc[15],
             $($op)*
-            options(nostack),
         )
     };
 }
@@ -623,27 +636,6 @@ pub fn pin_m64n64(acc: &mut [f32; 32]) {
 macro_rules! regs8 {
     () => {
         "{{{d0}, {d1}, {d2}, {d3}, {d4}, {d5}, {d6}, {d7}}}"
-    };
-}
-
-/// `asm!` with the 8 accumulator registers of an `m64n16` tile as its
-/// first operands `d0`..`d7` (in/out), then the given ones, then
-/// `options(nostack)`.
-macro_rules! asm_acc8 {
-    ($acc:expr, [$($t:expr),* $(,)?], $($op:tt)*) => {
-        asm!(
-            $($t),*,
-            d0 = inout(reg32) $acc[0],
-            d1 = inout(reg32) $acc[1],
-            d2 = inout(reg32) $acc[2],
-            d3 = inout(reg32) $acc[3],
-            d4 = inout(reg32) $acc[4],
-            d5 = inout(reg32) $acc[5],
-            d6 = inout(reg32) $acc[6],
-            d7 = inout(reg32) $acc[7],
-            $($op)*
-            options(nostack),
-        )
     };
 }
 
