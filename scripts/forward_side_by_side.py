@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from side_by_side import (  # noqa: E402 - the sparse script's helpers (stdlib only at import)
     build_cases,
     case_name,
+    cudnn_indexer_backward,
     draw_inputs,
     parse_args,
 )
@@ -139,28 +140,18 @@ def run_cudnn(torch, x, a):
         torch.cuda.synchronize()
         res["predict"] = predict.clone()
 
-        dk_dtype = torch.float32 if a.dk == "f32" else torch.bfloat16
-        dq, dw = torch.empty_like(q), torch.empty_like(w)
-        dk = torch.empty(k.shape, device=q.device, dtype=dk_dtype)
-        work = attn.clone()
-        bwd = IndexerBackward(q, w, k, dq, dw, dk, work, predict, ids, sm_scale=a.sm_scale,
-                              block_I=128, topk_indices_global=True)
-        bwd.check_support()
-        bwd.compile()
-        nbytes = bwd.scratch_workspace_bytes()
-        ws = torch.empty(nbytes, device=q.device, dtype=torch.uint8) if nbytes else None
+        backward, out = cudnn_indexer_backward(torch, IndexerBackward, x, predict, a)
 
         def both():
             rec.execute(q, k, w, ids, predict)
-            bwd.execute(q, w, k, dq, dw, dk, work, predict, ids, x["grad_loss"],
-                        loss_coeff=a.loss_coeff, workspace=ws)
+            backward()
 
         def restore():
-            work.copy_(attn)
-            dk.zero_()
+            out["grad_signal"].copy_(attn)
+            out["d_index_k"].zero_()
 
         res["both"] = timed(torch, both, restore, a.runs, a.warmup)
-        del rec, bwd, ws, dq, dw, dk, work
+        del rec, backward, out
         return res
     except Exception as e:  # noqa: BLE001 - unsupported shape, memory, ...
         return {"error": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -300,6 +300,31 @@ def median_event_us(torch, fn, before, runs, warmup):
     return statistics.median(times), min(times)
 
 
+def cudnn_indexer_backward(torch, IndexerBackward, x, isc, a):
+    """cuDNN-frontend's IndexerBackward checked and compiled for the
+    tensors of `x` with predict `isc`: `(call, out)`, `call()` running it
+    into `out` ("grad_signal", a copy of attn_score it overwrites,
+    "d_index_q", "d_weights", "d_index_k")."""
+    q, w, k, ids = x["index_q"], x["weights"], x["index_k"], x["topk_indices"]
+    dk_dtype = torch.float32 if a.dk == "f32" else torch.bfloat16
+    out = {"grad_signal": x["attn_score"].clone(), "d_index_q": torch.empty_like(q),
+           "d_weights": torch.empty_like(w),
+           "d_index_k": torch.empty(k.shape, device=q.device, dtype=dk_dtype)}
+    work, dq, dw, dk = (out[n] for n in ("grad_signal", "d_index_q", "d_weights", "d_index_k"))
+    plan = IndexerBackward(q, w, k, dq, dw, dk, work, isc, ids, sm_scale=a.sm_scale,
+                           block_I=128, topk_indices_global=True)
+    plan.check_support()
+    plan.compile()
+    nbytes = plan.scratch_workspace_bytes()
+    ws = torch.empty(nbytes, device=q.device, dtype=torch.uint8) if nbytes else None
+
+    def call():
+        plan.execute(q, w, k, dq, dw, dk, work, isc, ids, x["grad_loss"],
+                     loss_coeff=a.loss_coeff, workspace=ws)
+
+    return call, out
+
+
 def run_cudnn(torch, x, a):
     """Times cuDNN-frontend's IndexerBackward on `x`; returns a result dict
     with its outputs (or an "error" entry)."""
@@ -307,25 +332,12 @@ def run_cudnn(torch, x, a):
         from cudnn.deepseek_sparse_attention import IndexerBackward
     except Exception as e:  # noqa: BLE001 - reported, the case goes on
         return {"error": f"import: {type(e).__name__}: {e}"}
-    q, w, k = x["index_q"], x["weights"], x["index_k"]
-    attn, isc, ids = x["attn_score"], x["index_score"], x["topk_indices"]
-    dk_dtype = torch.float32 if a.dk == "f32" else torch.bfloat16
+    attn, isc = x["attn_score"], x["index_score"]
     try:
         t0 = time.time()
-        dq, dw = torch.empty_like(q), torch.empty_like(w)
-        dk = torch.empty(k.shape, device=q.device, dtype=dk_dtype)
-        work = attn.clone()
-        plan = IndexerBackward(q, w, k, dq, dw, dk, work, isc, ids, sm_scale=a.sm_scale,
-                               block_I=128, topk_indices_global=True)
-        plan.check_support()
-        plan.compile()
-        nbytes = plan.scratch_workspace_bytes()
-        ws = torch.empty(nbytes, device=q.device, dtype=torch.uint8) if nbytes else None
+        call, out = cudnn_indexer_backward(torch, IndexerBackward, x, isc, a)
+        work, dq, dw, dk = (out[n] for n in OUTPUTS)
         compile_s = time.time() - t0
-
-        def call():
-            plan.execute(q, w, k, dq, dw, dk, work, isc, ids, x["grad_loss"],
-                         loss_coeff=a.loss_coeff, workspace=ws)
 
         # SPEC: index_score is read only. Should cuDNN write it, it is
         # restored before every run (and for this crate's file) as well.
@@ -361,7 +373,7 @@ def run_cudnn(torch, x, a):
         first = res["d_index_k"].double()
         res["dk_accumulates"] = bool(
             (dk.double() - 2 * first).norm() < 0.5 * (dk.double() - first).norm())
-        del plan, ws, dq, dw, dk, work
+        del call, out, dq, dw, dk, work
         return res
     except Exception as e:  # noqa: BLE001 - unsupported shape, memory, ...
         return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
