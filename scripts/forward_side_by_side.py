@@ -40,7 +40,6 @@ and, for the cuDNN columns, nvidia-cudnn-frontend 1.32 (`import cudnn`);
 import json
 import math
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,6 +48,7 @@ from side_by_side import (  # noqa: E402 - the sparse script's helpers (stdlib o
     case_name,
     cudnn_indexer_backward,
     draw_inputs,
+    median_event_us,
     parse_args,
 )
 
@@ -94,25 +94,16 @@ def forward_error(torch, got, ref):
 
 def timed(torch, fn, before, runs, warmup):
     """`{"eager": median, "device": median}` of `fn` in us (see the module
-    docs); `before` runs untimed ahead of every call."""
+    docs; `device` is None without `torch.cuda._sleep`); `before` runs
+    untimed ahead of every call."""
     sleep = getattr(torch.cuda, "_sleep", None)
-    out = {}
-    for mode in ("eager", "device"):
-        times = []
-        for i in range(warmup + runs):
+    out = {"eager": median_event_us(torch, fn, before, runs, warmup)[0], "device": None}
+    if sleep is not None:
+        def busy():
             before()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if mode == "device" and sleep is not None:
-                sleep(SLEEP_CYCLES)
-            e0.record()
-            fn()
-            e1.record()
-            torch.cuda.synchronize()
-            if i >= warmup:
-                times.append(e0.elapsed_time(e1) * 1000.0)
-        out[mode] = statistics.median(times)
-    if sleep is None:
-        out["device"] = None
+            sleep(SLEEP_CYCLES)
+
+        out["device"] = median_event_us(torch, fn, busy, runs, warmup)[0]
     return out
 
 
