@@ -28,11 +28,24 @@ _plans = PlanCache()
 
 # Signatures that passed the tensor checks: for each tensor (shape, dtype,
 # device, contiguity), everything ``_checks.check_tensors`` reads, so a
-# call with a known signature has the known outcome. Cleared when full.
-_SIGNATURES_KEPT = 256
+# call with a known signature has the known outcome. Options that passed
+# ``_checks.check_options``, by their raw values and types. Each cleared
+# when full.
+_KEPT = 256
 _signatures = {}
-# Options that passed ``_checks.check_options``, by their raw values.
 _options = {}
+
+
+def _remember(cache, key, compute):
+    """``cache[key]``, computed by ``compute()`` when absent (an exception
+    leaves nothing cached); the cache is cleared when it holds ``_KEPT``."""
+    got = cache.get(key)
+    if got is None:
+        got = compute()
+        if len(cache) >= _KEPT:
+            cache.clear()
+        cache[key] = got
+    return got
 
 
 def _raw_stream(index):
@@ -50,13 +63,7 @@ def _checked(check, tensors):
     order of ``check``'s table (names from ``_NAMES``), remembered by
     signature: a failing check raises every time, a passing one runs once."""
     sig = (check,) + tuple((t.shape, t.dtype, t.device, t.is_contiguous()) for t in tensors)
-    got = _signatures.get(sig)
-    if got is None:
-        got = check(dict(zip(_NAMES[check], tensors)))
-        if len(_signatures) >= _SIGNATURES_KEPT:
-            _signatures.clear()
-        _signatures[sig] = got
-    return got
+    return _remember(_signatures, sig, lambda: check(dict(zip(_NAMES[check], tensors))))
 
 
 _NAMES = {
@@ -66,14 +73,10 @@ _NAMES = {
 
 
 def _checked_options(*raw):
-    """``_checks.check_options(*raw)``, remembered by the raw values."""
-    got = _options.get(raw)
-    if got is None:
-        got = _checks.check_options(*raw)
-        if len(_options) >= _SIGNATURES_KEPT:
-            _options.clear()
-        _options[raw] = got
-    return got
+    """``_checks.check_options(*raw)``, remembered by the raw values and
+    their types (``True == 1`` must not pass for a number)."""
+    key = raw + tuple(type(v) for v in raw)
+    return _remember(_options, key, lambda: _checks.check_options(*raw))
 
 
 def _grad_loss_f32(grad_loss, number, device):

@@ -350,6 +350,15 @@ class Cpu(unittest.TestCase):
                 with self.subTest(case=repr(case)):
                     case.check(self, "cpu")
 
+    def test_a_bool_option_is_refused_after_a_valid_call(self):
+        # The option checks are remembered: True (== 1 == 1.0) must not
+        # pass as the scale a previous call used.
+        x = make_problem((1, 4, 16, 16, 64, 8), "global", torch.int32, "probs", "cpu")
+        indexer_backward(*x, sm_scale=1.0, loss_coeff=1)
+        for kw in ({"sm_scale": True}, {"loss_coeff": True}):
+            with self.subTest(**kw), self.assertRaisesRegex(TypeError, "expected a number, got bool"):
+                indexer_backward(*x, **kw)
+
     def test_inplace(self):
         x = make_problem((1, 4, 16, 16, 64, 8), "global", torch.int32, "probs", "cpu")
         attn = x[3]
