@@ -95,7 +95,7 @@ pub use modules::{loaded_modules, ModuleImage};
 pub use plan::Plan;
 pub use raw::RawBuffers;
 pub use select::{select, select_backend, Selection, TCGEN05_VALIDATED};
-pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape, Unions};
+pub use shape::{Backend, GradDtype, KeyIds, Options, ScoreKind, Shape};
 
 /// The README's code blocks, compiled as doctests so the API example there
 /// cannot drift from the API.

@@ -55,7 +55,7 @@ impl Plan {
         // shape allow (`select`, `PathKind`).
         let (major, minor) = ctx.compute_capability()?;
         let sel = select(major, minor, &shape, opts.backend)?;
-        let kind = PathKind::choose(&sel, &shape, opts.unions)?;
+        let kind = PathKind::choose(&sel, &shape)?;
         let module = crate::modules::get(ctx, sel.module)?;
         let path = Path::new(ctx, &module, kind, &shape, (major, minor))?;
         let cast = Cast::new(&module)?;

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::PtxModule;
-use crate::shape::{Backend, GradDtype, Shape, Unions};
+use crate::shape::{Backend, GradDtype, Shape};
 use kernels_gpu::abi::SM100_DIM;
 use kernels_gpu::registry::{
     grad_kernel_name, sm100_stage2_kernel_name, CAST_KERNEL, SM100_HEADS, SM100_TOPKS,
@@ -179,10 +179,6 @@ pub(crate) enum PathKind {
         /// Whether the paired kernel is launched (H = 64, D = 128 and an
         /// even number of rows).
         paired: bool,
-        /// `Unions::Always`: the union kernel, then the paired kernel over
-        /// unions and no row kernel (`sm90::supports_unions`);
-        /// `Unions::Never` otherwise.
-        unions: Unions,
     },
     /// The tcgen05 path (`Backend::Blackwell`): stage 1, then the stage-2
     /// specialization `stage2`.
@@ -193,9 +189,8 @@ pub(crate) enum PathKind {
 }
 
 impl PathKind {
-    /// The path of a plan for `shape` whose kernels `sel` chose, with the
-    /// union walks `unions` asks for where the shape allows them.
-    pub(crate) fn choose(sel: &Selection, shape: &Shape, unions: Unions) -> Result<PathKind> {
+    /// The path of a plan for `shape` whose kernels `sel` chose.
+    pub(crate) fn choose(sel: &Selection, shape: &Shape) -> Result<PathKind> {
         let (heads, dim, topk) = (shape.heads as u32, shape.head_dim as u32, shape.topk as u32);
         Ok(if sel.backend == Backend::Blackwell {
             let stage2 = sm100_stage2_kernel_name(topk, heads).ok_or(Error::Shape {
@@ -206,18 +201,7 @@ impl PathKind {
             PathKind::Sm100 { stage2 }
         } else if let Some(row) = wg_row(shape).filter(|_| sel.wgmma) {
             let paired = row.paired && sm90::supports_pairs(shape.rows() as u64, shape.topk as u64);
-            // `Unions::Auto` takes the faster default kernels (`Unions`).
-            let unions = match unions {
-                Unions::Always if paired && sm90::supports_unions(shape.topk as u64) => {
-                    Unions::Always
-                }
-                _ => Unions::Never,
-            };
-            PathKind::Sm90 {
-                row,
-                paired,
-                unions,
-            }
+            PathKind::Sm90 { row, paired }
         } else {
             let kernel = grad_kernel_name(heads, dim).ok_or(Error::Shape {
                 name: "heads x head_dim",
@@ -233,25 +217,12 @@ impl PathKind {
     pub(crate) fn kernels(self, d_index_k: GradDtype) -> Vec<&'static str> {
         let mut kernels = match self {
             PathKind::Rows { kernel } => vec![kernel],
-            PathKind::Sm90 {
-                row,
-                paired: true,
-                unions: Unions::Never,
-            } => vec![
+            PathKind::Sm90 { row, paired: true } => vec![
                 row.stage1,
                 kernels_gpu::registry::SM90_WG_PAIR.name,
                 row.kernel,
             ],
-            PathKind::Sm90 {
-                row, paired: true, ..
-            } => vec![
-                row.stage1,
-                sm90::UNION_KERNEL,
-                kernels_gpu::registry::SM90_WG_PAIR.name,
-            ],
-            PathKind::Sm90 {
-                row, paired: false, ..
-            } => vec![row.stage1, row.kernel],
+            PathKind::Sm90 { row, paired: false } => vec![row.stage1, row.kernel],
             PathKind::Sm100 { stage2 } => vec![STAGE1_KERNEL, stage2],
         };
         if d_index_k == GradDtype::Bf16 {
@@ -508,48 +479,6 @@ mod tests {
     }
 
     #[test]
-    fn unions_need_the_paired_kernel_and_a_topk_that_fits() {
-        use GradDtype::F32;
-        let at = |s: &Shape, u: Unions| {
-            let sel = select(9, 0, s, Backend::Auto).unwrap();
-            match PathKind::choose(&sel, s, u).unwrap() {
-                PathKind::Sm90 { unions, .. } => unions,
-                p => panic!("{p:?}"),
-            }
-        };
-        let max = sm90::UNION_MAX_TOPK as usize;
-        for (topk, fits) in [(65, true), (512, true), (max, true), (max + 1, false)] {
-            let s = shape(64, 128, topk);
-            let want = if fits { Unions::Always } else { Unions::Never };
-            assert_eq!(at(&s, Unions::Always), want, "{topk}");
-            // Auto takes the faster default kernels.
-            assert_eq!(at(&s, Unions::Auto), Unions::Never, "{topk}");
-            assert_eq!(at(&s, Unions::Never), Unions::Never, "{topk}");
-        }
-        // No paired kernel, no unions: odd rows, other H x D.
-        let odd = Shape {
-            seq_q: 101,
-            batch: 1,
-            ..shape(64, 128, 1024)
-        };
-        assert_eq!(at(&odd, Unions::Always), Unions::Never);
-        assert_eq!(at(&shape(128, 128, 1024), Unions::Always), Unions::Never);
-        assert_eq!(at(&shape(64, 64, 1024), Unions::Always), Unions::Never);
-        // The union kernel runs between stage 1 and the paired kernel,
-        // which computes; no row kernel follows.
-        let sel = select(9, 0, &shape(64, 128, 1024), Backend::Auto).unwrap();
-        let p = PathKind::choose(&sel, &shape(64, 128, 1024), Unions::Always).unwrap();
-        assert_eq!(
-            p.kernels(F32),
-            [
-                STAGE1_KERNEL,
-                sm90::UNION_KERNEL,
-                kernels_gpu::registry::SM90_WG_PAIR.name
-            ]
-        );
-    }
-
-    #[test]
     fn the_fast_path_follows_the_module_and_the_shape() {
         // sm_90a only, every H x D, more than one 64-slot chunk per row.
         let fast =
@@ -579,7 +508,7 @@ mod tests {
 
     /// The path of a plan for `s` on `major.minor` with `backend`.
     fn path(major: i32, minor: i32, s: &Shape, backend: Backend) -> PathKind {
-        PathKind::choose(&select(major, minor, s, backend).unwrap(), s, Unions::Auto).unwrap()
+        PathKind::choose(&select(major, minor, s, backend).unwrap(), s).unwrap()
     }
 
     #[test]
@@ -600,7 +529,6 @@ mod tests {
             PathKind::Sm90 {
                 row: d128,
                 paired: true,
-                unions: Unions::Never,
             }
         );
         assert_eq!(
@@ -608,7 +536,6 @@ mod tests {
             PathKind::Sm90 {
                 row: d128,
                 paired: false,
-                unions: Unions::Never,
             }
         );
         assert_eq!(
@@ -634,7 +561,6 @@ mod tests {
         let d64 = PathKind::Sm90 {
             row: sm90::wg_row(64, 64).unwrap(),
             paired: false,
-            unions: Unions::Never,
         };
         // Even and odd row counts alike: no paired kernel for D = 64.
         let odd = Shape {
@@ -693,7 +619,6 @@ mod tests {
             let want = PathKind::Sm90 {
                 row: sm90::wg_row(h, d).unwrap(),
                 paired: false,
-                unions: Unions::Never,
             };
             let stage1 = if d == 64 { s1_d64 } else { STAGE1_KERNEL };
             let (hs, ds) = (h as usize, d as usize);
@@ -753,7 +678,6 @@ mod tests {
                 PathKind::Sm90 {
                     row: d128,
                     paired: true,
-                    unions: Unions::Never,
                 },
                 &[
                     STAGE1_KERNEL,
@@ -765,7 +689,6 @@ mod tests {
                 PathKind::Sm90 {
                     row: d128,
                     paired: false,
-                    unions: Unions::Never,
                 },
                 &[STAGE1_KERNEL, kernels_gpu::registry::SM90_WG.name],
             ),
@@ -773,7 +696,6 @@ mod tests {
                 PathKind::Sm90 {
                     row: d64,
                     paired: false,
-                    unions: Unions::Never,
                 },
                 &["indexer_score_grad_d64", "indexer_bwd_wg_h64_d64"],
             ),
@@ -781,7 +703,6 @@ mod tests {
                 PathKind::Sm90 {
                     row: h32,
                     paired: false,
-                    unions: Unions::Never,
                 },
                 &["indexer_score_grad_d128", "indexer_bwd_wg_h32_d128"],
             ),

@@ -216,33 +216,6 @@ pub struct Options {
     /// Kernel path (default [`Backend::Auto`]: the tested kernels for the
     /// GPU; `Backend::Blackwell` opts in to the unexecuted tcgen05 path).
     pub backend: Backend,
-    /// Whether the Hopper fast path walks pairs of adjacent rows over the
-    /// union of their keys (default [`Unions::Auto`]: today, never).
-    pub unions: Unions,
-}
-
-/// Union walks on the Hopper fast path (H = 64, D = 128, an even number
-/// of rows, `64 < topk <= 2048`): the paired kernel walks each pair of
-/// adjacent rows over the union of their keys, so that a key both rows
-/// select has its dK row reduced once for both. An extra kernel builds the
-/// unions over `d_index_q`, which is written afterwards (no workspace).
-///
-/// Measured on the H200 it is slower than the default kernels, even on
-/// ids whose neighbouring rows share nearly all keys (the top-k of
-/// structured scores, topk 2048: 2843 against 2805 us; docs/perf-notes.md,
-/// "A union kernel of two rows"), so no automatic choice takes it; it is
-/// here to be measured and built on. Its results meet the same tolerances
-/// and are bitwise reproducible run to run, but not bitwise equal to the
-/// default kernels' (sums run in another order).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Unions {
-    /// The kernels measured fastest for the shape: today never unions.
-    #[default]
-    Auto,
-    /// Unions wherever the shape allows them, whatever the ids.
-    Always,
-    /// Never.
-    Never,
 }
 
 impl Default for Options {
@@ -254,7 +227,6 @@ impl Default for Options {
             d_index_k: GradDtype::F32,
             d_weights: GradDtype::Bf16,
             backend: Backend::Auto,
-            unions: Unions::Auto,
         }
     }
 }

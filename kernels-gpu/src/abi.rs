@@ -38,16 +38,6 @@ pub const FLAG_PAIR_DISPATCH: u32 = 1 << 4;
 /// `0..=i32::MAX` becomes -1, so an id such as `2^32 + 5` stays padding
 /// and is never truncated into a valid row.
 pub const FLAG_IDS_I64: u32 = 1 << 5;
-/// Flag bit (Hopper fast path, H = 64, D = 128, an even number of rows,
-/// `Unions::Always` on the host): the paired kernel walks each row pair
-/// over the union of its two rows' key rows. The union kernel
-/// (`sm90::UNION_KERNEL`), launched between stage 1 and the paired
-/// kernel, writes each pair's union list over the pair's `d_index_q` rows
-/// and its chunk count over bytes 2-3 of the pair's first `d_weights`
-/// block ([`union_chunks_at`]); the paired kernel reads them, computes
-/// (no dispatch test, no row kernel after it) and overwrites both with
-/// its outputs.
-pub const FLAG_UNION: u32 = 1 << 6;
 /// Flag bit in [`FwdParams::flags`]: dense mode's forward (the columns of
 /// row `r` are its keys `key_start[r] + j` for `j < visible[r]`, written as
 /// raw logits, 0 past them); otherwise sparse (ids in `topk_indices`, the
@@ -71,13 +61,6 @@ pub const ROW_CHUNK_MAX_TOPK: u32 = u16::MAX as u32 * ROW_CHUNK_SLOTS;
 pub const fn row_chunks_at(row: u32, heads: u32, flags: u32) -> usize {
     let elem = if flags & FLAG_DW_F32 != 0 { 4 } else { 2 };
     row as usize * heads as usize * elem
-}
-
-/// Byte offset in `d_weights` of the union chunk count of the row pair
-/// whose first row is `row` ([`FLAG_UNION`]): a `u16` right after that
-/// row's [`row_chunks_at`] count.
-pub const fn union_chunks_at(row: u32, heads: u32, flags: u32) -> usize {
-    row_chunks_at(row, heads, flags) + 2
 }
 
 /// Parameters of the fused row kernel (score gradient + gradients), one CTA

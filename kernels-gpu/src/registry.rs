@@ -364,17 +364,6 @@ pub const SM90_WG_PAIR: Kernel = k(
     Targets::SM90A,
 );
 
-/// The union kernel (`sm90::unite`): one CTA per row pair, ahead of the
-/// paired kernel with `FLAG_UNION`; 64 KiB of dynamic shared memory (its
-/// hash table), so three CTAs per SM.
-pub const SM90_UNION: Kernel = k(
-    "indexer_union_h64_d128",
-    Param::Grad,
-    256,
-    Bounds::Max { min_ctas: 3 },
-    Targets::SM90A,
-);
-
 /// The wgmma kernel for H = 128, D = 128 (`sm90`, the paired kernel's body
 /// with the two halves on one row's two 64-head halves): as
 /// [`SM90_WG_PAIR`].
@@ -640,7 +629,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 57] = [
+pub const KERNELS: [Kernel; 56] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -657,7 +646,6 @@ pub const KERNELS: [Kernel; 57] = [
     SM90_WG_H32,
     SM90_WG_H16,
     SM90_WG_PAIR,
-    SM90_UNION,
     SM90_WG_H128,
     SM90_WG_H32_D64,
     SM90_WG_H16_D64,

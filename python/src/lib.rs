@@ -107,7 +107,6 @@ fn options(
         d_index_k: grad_dtype(d_index_k, "d_index_k")?,
         d_weights: grad_dtype(d_weights, "d_weights")?,
         backend,
-        ..Options::default()
     };
     opts.validate().map_err(py_err)?;
     Ok(opts)

@@ -346,8 +346,8 @@ impl Problem {
             .collect()
     }
 
-    /// Makes rows share keys in pairs in any slot order (what a union walk
-    /// is for; neighbouring rows of a real indexer's top-k): each odd row
+    /// Makes rows share keys in pairs in any slot order (as neighbouring
+    /// rows of a real indexer's top-k do): each odd row
     /// takes the ids of the row before it (as [`Problem::pair_rows`])
     /// shuffled over its slots, each slot with probability `keep` (the
     /// others keep their own id), with probability `share` per odd row.

@@ -201,9 +201,8 @@ impl IdStats {
     /// dK row reductions the crate issues per valid slot: 1 on every
     /// kernel (one `D`-wide f32 reduction per valid slot), except the
     /// paired kernel, which reduces a slot whose key row is the same in
-    /// both rows of its pair once for both: `1 - pair_shared`; over unions
-    /// it reduces each key of a pair once: `1 / union2` (ids unique in
-    /// their row; a repeated key is reduced once per repeat).
+    /// both rows of its pair once for both: `1 - pair_shared` (a repeated
+    /// key is reduced once per repeat).
     ///
     /// `computes`: which stage-2 kernel computes the point
     /// ([`which_computes`]).
@@ -211,7 +210,6 @@ impl IdStats {
         match computes {
             Computes::Rows => 1.0,
             Computes::Paired => 1.0 - self.pair_shared,
-            Computes::Unions => 1.0 / self.union2,
         }
     }
 
@@ -240,7 +238,6 @@ impl IdStats {
 pub fn paired_kernel_computes(kernels: &[&str], shape: &Shape, ids: &[i32]) -> bool {
     use kernels_gpu::sm90;
     kernels.contains(&kernels_gpu::registry::SM90_WG_PAIR.name)
-        && !kernels.contains(&sm90::UNION_KERNEL)
         && sm90::ids_pair_up(ids, shape.rows() as u32, shape.topk as u32)
 }
 
@@ -251,18 +248,12 @@ pub enum Computes {
     Rows,
     /// The paired kernel over the rows' own slots.
     Paired,
-    /// The paired kernel over unions (after the union kernel).
-    Unions,
 }
 
 /// Which kernel computes problem `p` on a plan launching `kernels`: the
-/// paired kernel over unions after the union kernel, else the dispatch
-/// test of `kernels_gpu::sm90` on its ids.
+/// dispatch test of `kernels_gpu::sm90` on its ids.
 pub fn which_computes(kernels: &[&str], p: &crate::Problem) -> Computes {
-    use kernels_gpu::sm90;
-    if kernels.contains(&sm90::UNION_KERNEL) {
-        Computes::Unions
-    } else if paired_kernel_computes(kernels, &p.shape, &p.ids) {
+    if paired_kernel_computes(kernels, &p.shape, &p.ids) {
         Computes::Paired
     } else {
         Computes::Rows

@@ -22,7 +22,7 @@ struct Config {
     opts: Options,
     paired: bool,
     /// Rows 2i + 1 take most of the keys of rows 2i in another slot order
-    /// (`Problem::share_rows`: union walks share them).
+    /// (`Problem::share_rows`).
     shared: bool,
 }
 
@@ -75,11 +75,10 @@ fn configs(gpu: bool) -> Vec<Config> {
                 shared: false,
             },
             Config {
-                name: "fast path over unions (rows sharing keys out of order), f32 dW",
+                name: "fast path, rows sharing keys out of slot order, f32 dW",
                 shape: shape(2, 6, 300, 64, 128, 200),
                 opts: Options {
                     d_weights: GradDtype::F32,
-                    unions: dsa_indexer_bwd::Unions::Always,
                     ..Options::default()
                 },
                 paired: false,

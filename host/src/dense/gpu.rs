@@ -28,7 +28,7 @@ use crate::launch::sm100::{encode, TiledArgs};
 use crate::launch::sm90::{self as sm90_path, Wgmma};
 use crate::launch::Cast;
 use crate::select::{select, PathKind};
-use crate::shape::{Backend, GradDtype, Options, Shape as SparseShape, Unions};
+use crate::shape::{Backend, GradDtype, Options, Shape as SparseShape};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use kernels_gpu::abi::TensorMap;
 use kernels_gpu::abi::{
@@ -154,9 +154,8 @@ impl DenseGpu {
             if rows.saturating_mul(cols) > MAX_GPU_SCORES || sparse.validate().is_err() {
                 return Ok(None);
             }
-            // Dense rows have no id lists to unite.
-            match PathKind::choose(&sel, &sparse, Unions::Never) {
-                Ok(PathKind::Sm90 { row, paired, .. }) => Some((row, paired)),
+            match PathKind::choose(&sel, &sparse) {
+                Ok(PathKind::Sm90 { row, paired }) => Some((row, paired)),
                 _ => return Ok(None),
             }
         };
@@ -178,7 +177,7 @@ impl DenseGpu {
                 }
             }
             Some((row, paired)) => {
-                let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired, Unions::Never)?;
+                let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired)?;
                 Stage2::Sparse {
                     wgmma,
                     row_chunks: sm90_path::row_chunks(&sparse),

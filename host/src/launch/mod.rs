@@ -70,11 +70,9 @@ impl Path {
             PathKind::Rows { kernel } => {
                 Path::Rows(rows::RowKernel::new(ctx, module, kernel, shape, cc)?)
             }
-            PathKind::Sm90 {
-                row,
-                paired,
-                unions,
-            } => Path::Sm90(sm90::Wgmma::new(ctx, module, shape, row, paired, unions)?),
+            PathKind::Sm90 { row, paired } => {
+                Path::Sm90(sm90::Wgmma::new(ctx, module, shape, row, paired)?)
+            }
             PathKind::Sm100 { stage2 } => {
                 Path::Sm100(sm100::Sm100Kernels::new(ctx, module, shape, stage2)?)
             }

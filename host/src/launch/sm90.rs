@@ -19,9 +19,8 @@ use crate::error::Result;
 use crate::gpu;
 use crate::modules::Loaded;
 use crate::shape::Shape;
-use crate::shape::Unions;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
-use kernels_gpu::abi::{GradParams, FLAG_PAIR_DISPATCH, FLAG_UNION};
+use kernels_gpu::abi::{GradParams, FLAG_PAIR_DISPATCH};
 use kernels_gpu::sm90;
 use std::sync::Arc;
 
@@ -47,10 +46,6 @@ pub(crate) struct Wgmma {
     grid: u32,
     /// The paired kernel and its grid, with an even number of rows.
     pair: Option<(CudaFunction, u32)>,
-    /// The union kernel and its grid (one CTA per row pair), when the plan
-    /// walks unions (`Unions::Always`): then stage 1, the union kernel and
-    /// the paired kernel run with `FLAG_UNION`, and no row kernel.
-    union: Option<(CudaFunction, u32)>,
 }
 
 impl Wgmma {
@@ -64,7 +59,6 @@ impl Wgmma {
         shape: &Shape,
         wg: sm90::WgRow,
         paired: bool,
-        unions: Unions,
     ) -> Result<Wgmma> {
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -77,12 +71,6 @@ impl Wgmma {
         } else {
             None
         };
-        let union = if unions == Unions::Always && pair.is_some() {
-            let f = module.kernel_with_smem(sm90::UNION_KERNEL, sm90::UNION_SMEM)?;
-            Some((f, rows / 2))
-        } else {
-            None
-        };
         let row = module.kernel_with_smem(wg.kernel, wg.bytes)?;
         let stage1 = module.kernel(wg.stage1)?;
         Ok(Wgmma {
@@ -92,12 +80,11 @@ impl Wgmma {
             row_smem: wg.bytes,
             grid: wg.grid(rows, sms),
             pair,
-            union,
         })
     }
 
-    /// Stage 1 (`zeroed` mark), then the union kernel when the plan walks
-    /// unions, then the wgmma kernels (`launch_stage2`; `gradients` mark).
+    /// Stage 1 (`zeroed` mark), then the wgmma kernels (`launch_stage2`;
+    /// `gradients` mark).
     ///
     /// # Safety
     /// `run.params` passed `args::check` for this plan's shape.
@@ -108,32 +95,13 @@ impl Wgmma {
         unsafe {
             launch_stage1(run.stream, &self.stage1, run.shape, &run.params)?;
             run.mark(|e| &e.zeroed)?;
-            let mut p = run.params;
-            if let Some((union_fn, grid)) = &self.union {
-                p.flags |= FLAG_UNION;
-                // SAFETY: one CTA of UNION_THREADS per row pair, UNION_SMEM
-                // bytes (limit raised in `new`), the shape's checks
-                // (`sm90::supports_unions`, an even row count); it is stage
-                // 1's programmatic dependent and waits for it before it
-                // exits, so the paired kernel's wait covers both.
-                gpu::launch_pdl(
-                    run.stream,
-                    union_fn,
-                    *grid,
-                    sm90::UNION_THREADS,
-                    sm90::UNION_SMEM,
-                    &p,
-                )?;
-            }
-            self.launch_stage2(run.stream, p)?;
+            self.launch_stage2(run.stream, run.params)?;
         }
         run.mark(|e| &e.gradients)
     }
 
     /// The wgmma kernels alone, as programmatic dependents of the stage 1
-    /// launched just before on `stream` (this path's, or dense mode's), or
-    /// with `FLAG_UNION` in `p` of the union kernel: then the paired kernel
-    /// alone, which computes over the unions.
+    /// launched just before on `stream` (this path's, or dense mode's).
     ///
     /// # Safety
     /// `p` holds checked addresses for this plan's shape, and the previous
@@ -160,9 +128,6 @@ impl Wgmma {
                     sm90::PAIR.bytes,
                     &p,
                 )?;
-                if p.flags & FLAG_UNION != 0 {
-                    return Ok(());
-                }
                 // Tells the row kernel that the paired kernel ran: it
                 // repeats the dispatch test and exits at once where the
                 // paired kernel computes.

@@ -14,9 +14,9 @@
 //! before every wgmma, which slowed the paired kernel down).
 
 use super::{
-    row_chunks, Pos, CHUNK, HEADS, PAIR, Q_BYTES, Q_HEADS, SMEM, SPLIT, THREADS, UNION_ENTRIES,
+    row_chunks, Pos, CHUNK, HEADS, PAIR, Q_BYTES, Q_HEADS, SMEM, SPLIT, THREADS,
 };
-use crate::abi::{GradParams, FLAG_UNION};
+use crate::abi::GradParams;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{sreg, sync};
 use crate::sched::{row_at, row_count};
@@ -192,11 +192,6 @@ pub(super) struct Ctx<'a, const PAIRED: bool, const HALF: u32> {
     pub nchunks: u32,
     /// Local rows of this CTA (0 in a kernel the dispatch did not pick).
     pub my_rows: u32,
-    /// Paired kernel over row pairs' unions ([`crate::abi::FLAG_UNION`]):
-    /// the halves walk their pair's union list (`super::unite`) instead of
-    /// their rows' slots. Always false in the row kernel and with
-    /// [`HEAD_HALVES`].
-    pub union: bool,
 }
 
 impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
@@ -248,7 +243,6 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
         // (`super::supports`).
         let nchunks = topk.div_ceil(CHUNK);
         let my_rows = if go { row_count(units, ctas, cta) } else { 0 };
-        let union = PAIRED && !HEAD_HALVES && p.flags & FLAG_UNION != 0;
         Ctx {
             p,
             base0,
@@ -280,7 +274,6 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
             dcol0,
             nchunks,
             my_rows,
-            union,
         }
     }
 
@@ -379,21 +372,10 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
             .then(|| (self.row_of(at.k) * self.topk + t) as usize)
     }
 
-    /// This thread's 8-byte slot of raw-id set `set` (an i64 id, or a
-    /// union entry; i32 ids use the first half of the set instead).
+    /// This thread's 8-byte slot of raw-id set `set` (an i64 id; i32 ids
+    /// use the first half of the set instead).
     pub fn raw_slot(&self, set: u32) -> SmemAddr {
         self.sids0.add(8 * (set * CHUNK + self.tid))
-    }
-
-    /// Union entry of item `at` for thread `tid` (threads < CHUNK; with
-    /// [`Ctx::union`]): its index in the flat array of all pairs' lists
-    /// ([`UNION_ENTRIES`] per pair), or `None` past the CTA's rows.
-    pub fn entry_of(&self, at: Pos) -> Option<usize> {
-        let tid = self.tid;
-        let t = at.ch * CHUNK + tid;
-        (tid < CHUNK && at.k < self.my_rows && t < UNION_ENTRIES).then(|| {
-            row_at(self.ctas, self.cta, at.k) as usize * UNION_ENTRIES as usize + t as usize
-        })
     }
 
     /// Chunks the kernel runs for a loaded count. The count is the same in
@@ -408,9 +390,7 @@ impl<'a, const PAIRED: bool, const HALF: u32> Ctx<'a, PAIRED, HALF> {
     /// flow).
     pub unsafe fn chunks(&self, live: u32) -> u32 {
         // SAFETY: the caller's contract.
-        // A union list holds at most twice topk entries.
-        let most = if self.union { 2 * self.topk } else { self.topk };
-        row_chunks(unsafe { sync::warp_max_u32(live) }, most)
+        row_chunks(unsafe { sync::warp_max_u32(live) }, self.topk)
     }
 }
 

@@ -7,11 +7,10 @@
 
 use super::ctx::{Ctx, HEAD_HALVES, SHARED_K};
 use super::{
-    swizzle, Pos, CHUNK, DIM, HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_HEADS, THREADS, UNION_ENTRY_BYTES,
-    UNION_NONE,
+    swizzle, Pos, CHUNK, DIM, HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_HEADS, THREADS,
 };
-use crate::abi::{row_chunks_at, union_chunks_at, FLAG_ROW_CHUNKS};
-use crate::ptx::smem::{self, SmemAddr};
+use crate::abi::{row_chunks_at, FLAG_ROW_CHUNKS};
+use crate::ptx::smem;
 use crate::ptx::{cp_async, cvt};
 use crate::sched::row_at;
 use crate::score::{load_id, narrow_id_words, resolve};
@@ -32,16 +31,6 @@ pub(super) fn load_count<const PAIRED: bool, const HALF: u32>(
     let p = c.p;
     if k >= c.my_rows {
         return 2;
-    }
-    if c.union {
-        // The pair's union count, written by the union kernel over bytes
-        // 2-3 of the pair's first d_weights block.
-        let at = union_chunks_at(2 * row_at(c.ctas, c.cta, k), Q_HEADS, p.flags);
-        // SAFETY: read after griddepcontrol.wait (the union kernel
-        // completed); half 0 overwrites the block with the row's
-        // d_weights at the pair's end, a row after this read and behind
-        // the CTA-wide B2s both halves reach after it.
-        return unsafe { *(p.d_weights as *const u8).add(at).cast::<u16>() as u32 };
     }
     if p.flags & FLAG_ROW_CHUNKS == 0 {
         return c.nchunks;
@@ -69,9 +58,7 @@ pub(super) fn load_count<const PAIRED: bool, const HALF: u32>(
 }
 
 /// Resolved key row of item `at`'s slot (`id`: its key id, `None` past
-/// topk or the CTA's rows) into set `set`. Union lists
-/// ([`Ctx::union`]): the key row of the entry in raw-id set `set` where
-/// this half's row holds it, else -1 (`id` unused).
+/// topk or the CTA's rows) into set `set`.
 pub(super) fn put_row<const PAIRED: bool, const HALF: u32>(
     c: &Ctx<'_, PAIRED, HALF>,
     at: Pos,
@@ -79,19 +66,6 @@ pub(super) fn put_row<const PAIRED: bool, const HALF: u32>(
     set: u32,
 ) {
     let (p, tid) = (c.p, c.tid);
-    if c.union {
-        if tid < CHUNK {
-            let r = match c.entry_of(at) {
-                // SAFETY: this thread's own copy of the entry (`fetch`,
-                // waited for) or store (`first_id`); read only.
-                Some(_) => unsafe { entry_row(c.raw_slot(set), HALF) },
-                None => -1,
-            };
-            // SAFETY: as below.
-            unsafe { smem::st_u32(c.srows0.add(4 * (set * CHUNK + tid)), r as u32) };
-        }
-        return;
-    }
     if tid < CHUNK {
         // (No division for one batch, the common training case.)
         let b = if p.batch == 1 {
@@ -107,48 +81,12 @@ pub(super) fn put_row<const PAIRED: bool, const HALF: u32>(
 }
 
 /// Key id of item `at`'s slot, loaded into a register (prologue only).
-/// Union lists ([`Ctx::union`]): the slot's entry, stored into raw-id set
-/// `set` instead (where [`put_row`] and [`fetch`] read it), and `None`.
 pub(super) fn first_id<const PAIRED: bool, const HALF: u32>(
     c: &Ctx<'_, PAIRED, HALF>,
     at: Pos,
-    set: u32,
 ) -> Option<i32> {
-    if c.union {
-        if let Some(e) = c.entry_of(at) {
-            let src = (c.p.d_index_q as *const u32).wrapping_add(2 * e);
-            // SAFETY: the entry lies inside d_index_q (`entry_of`,
-            // host-checked length, 4-byte aligned), written by the union
-            // kernel, which completed (griddepcontrol.wait before the
-            // prologue); this thread's own raw-id slot, whose readers
-            // passed a barrier.
-            unsafe {
-                let dst = c.raw_slot(set);
-                smem::st_u32(dst, *src);
-                smem::st_u32(dst.add(4), *src.add(1));
-            }
-        }
-        return None;
-    }
     // SAFETY: the flat slot index is inside topk_indices (host-checked).
     c.slot_of(at).map(|t| unsafe { load_id(c.p, t) })
-}
-
-/// The key row of a union entry at `e` (shared memory) for half `half`:
-/// the entry's row where that half's row holds it, else -1.
-///
-/// # Safety
-/// `e` an 8-byte aligned entry in shared memory, complete and visible to
-/// this thread.
-#[inline(always)]
-unsafe fn entry_row(e: SmemAddr, half: u32) -> i32 {
-    // SAFETY: the caller's contract.
-    let [row, slots] = unsafe { smem::ld_v2_u32(e) };
-    if (slots >> (16 * half)) & 0xFFFF == UNION_NONE {
-        -1
-    } else {
-        row as i32
-    }
 }
 
 /// Key id of item `at`'s slot from raw-id set `set`, where [`fetch`] put
@@ -159,10 +97,6 @@ pub(super) fn raw_id<const PAIRED: bool, const HALF: u32>(
     set: u32,
 ) -> Option<i32> {
     let tid = c.tid;
-    if c.union {
-        // `put_row` reads the entry itself.
-        return None;
-    }
     // SAFETY: this thread's own cp.async into its own slot, complete
     // after its wait_all (pipeline note); 8-byte slots for i64 ids.
     c.slot_of(at).map(|_| unsafe {
@@ -189,14 +123,6 @@ pub(super) fn fetch<const PAIRED: bool, const HALF: u32>(
     gs_set: u32,
 ) {
     let (p, tid) = (c.p, c.tid);
-    if c.union {
-        if tid < CHUNK {
-            // SAFETY: forwarded (threads < CHUNK).
-            unsafe { fetch_union(c, at_id, id_set, at_gs, gs_set) };
-        }
-        cp_async::commit_group();
-        return;
-    }
     if tid < CHUNK {
         let src = |base: u64, at: Pos, size: u32| match c.slot_of(at) {
             Some(t) => ((base as *const u8).wrapping_add(size as usize * t), size),
@@ -220,59 +146,6 @@ pub(super) fn fetch<const PAIRED: bool, const HALF: u32>(
         }
     }
     cp_async::commit_group();
-}
-
-/// [`fetch`] over union lists (thread `tid < CHUNK`): the grad_signal of
-/// item `at_gs`, from the slot its entry (in raw-id set `gs_set`, copied
-/// an item earlier and waited for) names for this half's row, zero fill
-/// where it names none; then the entry of item `at_id` (its two words)
-/// into raw-id set `id_set`. In that order: in the prologue both sets are
-/// the same, and the entry is read before its slot is copied over.
-///
-/// # Safety
-/// Thread `tid < CHUNK`; the entry of `at_gs` complete in set `gs_set`
-/// (when `at_gs` lies inside the CTA's rows); the destinations' previous
-/// readers passed a barrier since (pipeline note).
-unsafe fn fetch_union<const PAIRED: bool, const HALF: u32>(
-    c: &Ctx<'_, PAIRED, HALF>,
-    at_id: Pos,
-    id_set: u32,
-    at_gs: Pos,
-    gs_set: u32,
-) {
-    let (p, tid) = (c.p, c.tid);
-    let gs_dst = c.sgs0.add(4 * (gs_set * CHUNK + tid));
-    let scores = p.attn_score as *const u8;
-    let (sg, ng) = match c.entry_of(at_gs) {
-        Some(_) => {
-            // SAFETY: the caller's contract; this thread's own slot.
-            let slots = unsafe { smem::ld_u32(c.raw_slot(gs_set).add(4)) };
-            let s = (slots >> (16 * HALF)) & 0xFFFF;
-            if s == UNION_NONE {
-                (scores, 0)
-            } else {
-                let at = c.row_of(at_gs.k) as usize * c.topk as usize + s as usize;
-                (scores.wrapping_add(4 * at), 4)
-            }
-        }
-        None => (scores, 0),
-    };
-    let ids = p.d_index_q as *const u8;
-    let (si, ni) = match c.entry_of(at_id) {
-        Some(e) => (ids.wrapping_add(UNION_ENTRY_BYTES as usize * e), 4),
-        None => (ids, 0),
-    };
-    let id_dst = c.raw_slot(id_set);
-    // SAFETY: a slot s < topk of this half's row (the union kernel wrote
-    // only such slots) inside attn_score, read after griddepcontrol.wait;
-    // the entry inside d_index_q (`entry_of`; 4-byte aligned words), or 0
-    // bytes from a valid base; the caller's contract for the
-    // destinations.
-    unsafe {
-        cp_async::copy_4(gs_dst, sg, ng);
-        cp_async::copy_4(id_dst, si, ni);
-        cp_async::copy_4(id_dst.add(4), si.wrapping_add(4), ni);
-    }
 }
 
 /// q tile (cp.async into its swizzle blocks) and weights of local row `k`

@@ -38,7 +38,7 @@ mod sched;
 
 // The kernels (device only): the entries and the item order (`wg`), the
 // context and named barriers (`ctx`), one module per role.
-sm90a_modules!(ctx, entry, gate, load, mma, pair, reduce, row_end, unite, wg);
+sm90a_modules!(ctx, entry, gate, load, mma, pair, reduce, row_end, wg);
 
 /// Compiles the role modules' source files (and the body, `wg`) again as
 /// children of the module that invokes it, which shadows the constants
@@ -162,13 +162,6 @@ pub use sched::{pair_grid, row_chunks, row_grid, Pos, Walk, SKIP_MIN_TOPK};
 //   `h` holding heads `64 h .. 64 h + 64` (`HEAD_HALVES` in `ctx`); every
 //   item is fused (one dK product over all 128 heads, alternating between
 //   the halves, each key row reduced once).
-
-/// PTX entry name of the union kernel (sm_90a PTX only; `unite`): with
-/// [`crate::abi::FLAG_UNION`], one CTA of [`UNION_THREADS`] per row pair
-/// and [`UNION_SMEM`] bytes of dynamic shared memory, launched between
-/// stage 1 and the paired kernel; writes each pair's union list.
-pub const UNION_KERNEL: &str = crate::registry::SM90_UNION.name;
-const _: () = assert!(crate::registry::SM90_UNION.threads == UNION_THREADS);
 
 /// Heads of the wgmma kernel (the M = 64 of one warpgroup MMA).
 pub const HEADS: u32 = 64;
@@ -570,58 +563,6 @@ pub fn ids_pair_up(ids: &[i32], rows: u32, topk: u32) -> bool {
     pairs_match(matches, topk)
 }
 
-/// Bytes of one entry of a row pair's union list ([`crate::abi::FLAG_UNION`]):
-/// the key row (`u32`, resolved), then the slot of the pair's first row
-/// that holds it (`u16`, [`UNION_NONE`] if none) and the second row's.
-pub const UNION_ENTRY_BYTES: u32 = 8;
-/// "No slot" in a union entry.
-pub const UNION_NONE: u32 = 0xFFFF;
-/// Entries of one pair's union list: it lies over the pair's two
-/// `d_index_q` rows (`2 H D` bf16 of H = 64, D = 128), which the paired
-/// kernel writes only at the pair's end.
-pub const UNION_ENTRIES: u32 = 2 * HEADS * DIM * 2 / UNION_ENTRY_BYTES;
-/// Largest topk with a union mode: every pair's list (at most `2 topk`
-/// entries, padded to whole chunks) fits [`UNION_ENTRIES`], and a slot
-/// index fits the entry's `u16` below [`UNION_NONE`].
-pub const UNION_MAX_TOPK: u32 = UNION_ENTRIES / 2;
-const _: () = assert!(UNION_MAX_TOPK.is_multiple_of(CHUNK) && UNION_MAX_TOPK < UNION_NONE);
-/// Threads of the union kernel (`unite`).
-pub const UNION_THREADS: u32 = 256;
-/// Slots of one row each thread of the union kernel holds.
-pub const UNION_PER_THREAD: u32 = UNION_MAX_TOPK / UNION_THREADS;
-const _: () = assert!(UNION_PER_THREAD * UNION_THREADS == UNION_MAX_TOPK);
-/// Slots of the union kernel's hash table of key rows: a power of two at
-/// least twice the keys of a pair (load factor at most 1/2).
-pub const UNION_TABLE: u32 = 4 * UNION_MAX_TOPK;
-const _: () = assert!(UNION_TABLE.is_power_of_two() && UNION_TABLE >= 2 * (2 * UNION_MAX_TOPK));
-/// Dynamic shared memory of the union kernel: the table's keys and
-/// values (`u32` each), then the block scan's warp totals (two values per
-/// warp).
-pub const UNION_SMEM: u32 = 2 * UNION_TABLE * 4 + 2 * (UNION_THREADS / 32) * 4;
-/// Chunks of a pair's union list of `len` entries: whole chunks, at least
-/// two (the paired kernel's pipeline walks at least two per pair).
-pub const fn union_chunks(len: u32) -> u32 {
-    let n = len.div_ceil(CHUNK);
-    if n < 2 {
-        2
-    } else {
-        n
-    }
-}
-
-/// Hash-table slot where the union kernel's probe for key row `key`
-/// starts (Fibonacci hashing onto [`UNION_TABLE`] slots).
-pub const fn union_hash(key: u32) -> u32 {
-    key.wrapping_mul(0x9E37_79B1) >> (32 - UNION_TABLE.trailing_zeros())
-}
-
-/// Whether a shape whose rows the paired kernel takes (`supports_pairs`)
-/// may also walk unions at `topk`: every pair's list fits
-/// ([`UNION_MAX_TOPK`]).
-pub const fn supports_unions(topk: u64) -> bool {
-    topk > CHUNK as u64 && topk <= UNION_MAX_TOPK as u64
-}
-
 /// Whether the paired kernel runs `rows` query rows: it takes them in
 /// pairs `(2 p, 2 p + 1)`, so their number must be even (odd counts run the
 /// row kernel).
@@ -714,39 +655,6 @@ const _: () = assert!(CHUNK / WARPGROUPS == 32 && DIM / WARPGROUPS == ROW_ELEMS)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_union_list_fits_the_pair_rows_it_lies_over() {
-        // Two rows of d_index_q (bf16, H x D each) hold every list.
-        assert_eq!(UNION_ENTRIES * UNION_ENTRY_BYTES, 2 * HEADS * DIM * 2);
-        for topk in [65, 127, 512, 1000, UNION_MAX_TOPK] {
-            assert!(supports_unions(topk as u64), "{topk}");
-            // The longest list: no key shared, 2 topk entries.
-            assert!(union_chunks(2 * topk) * CHUNK <= UNION_ENTRIES, "{topk}");
-        }
-        assert!(!supports_unions(UNION_MAX_TOPK as u64 + 1));
-        assert!(!supports_unions(CHUNK as u64));
-        // At least two chunks, whole chunks.
-        assert_eq!(
-            [0, 1, 64, 128, 129, 4096].map(union_chunks),
-            [2, 2, 2, 2, 3, 64]
-        );
-        assert_eq!(UNION_SMEM, 2 * UNION_TABLE * 4 + 2 * 8 * 4);
-    }
-
-    #[test]
-    fn union_hashes_stay_in_the_table_and_spread() {
-        let mut hits = std::vec![0u32; UNION_TABLE as usize];
-        for key in 0..UNION_TABLE {
-            let h = union_hash(key);
-            assert!(h < UNION_TABLE);
-            hits[h as usize] += 1;
-        }
-        // Consecutive keys (a causal window) land on at most two keys per
-        // slot, over more than 80% of the slots.
-        assert!(hits.iter().all(|&n| n <= 2), "{:?}", hits.iter().max());
-        assert!(hits.iter().filter(|&&n| n > 0).count() * 5 > 4 * UNION_TABLE as usize);
-    }
 
     #[test]
     fn swizzle_is_a_permutation_of_each_block_and_matches_the_xor_rule() {

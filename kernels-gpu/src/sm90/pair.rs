@@ -1,13 +1,13 @@
 //! What only the paired kernel decides: whether it computes at all (the
 //! dispatch test both wgmma kernels run first, [`pairs_up`] and
-//! [`dispatch`]; over unions it always does), and whether an item is
+//! [`dispatch`]), and whether an item is
 //! fused (the halves' votes, [`vote`] and [`read_votes`]).
 
 use super::{
-    pair_sample, pairs_match, sample_hit, sampled_slots, CHUNK, DIM, PAIR_SAMPLES, Q_HEADS,
+    pair_sample, pairs_match, sample_hit, sampled_slots, CHUNK, PAIR_SAMPLES,
     VOTE_SET_BYTES,
 };
-use crate::abi::{GradParams, FLAG_PAIR_DISPATCH, FLAG_UNION};
+use crate::abi::{GradParams, FLAG_PAIR_DISPATCH};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{sreg, sync};
 use crate::score::load_id;
@@ -99,8 +99,7 @@ unsafe fn pairs_up(p: &GradParams) -> bool {
 
 /// Whether this kernel computes: the dispatch test's verdict for the
 /// paired kernel (`PAIRED`) or for the row kernel launched after it (with
-/// [`FLAG_PAIR_DISPATCH`]); `true` for a row kernel launched alone, and
-/// for the paired kernel over unions ([`FLAG_UNION`]). Made
+/// [`FLAG_PAIR_DISPATCH`]); `true` for a row kernel launched alone. Made
 /// warp-uniform with a warp reduction so the kernel's branches on it stay
 /// uniform.
 ///
@@ -108,11 +107,7 @@ unsafe fn pairs_up(p: &GradParams) -> bool {
 /// Every thread of the CTA calls it, in the kernel entry.
 #[inline(always)]
 pub(super) unsafe fn dispatch<const PAIRED: bool>(p: &GradParams) -> bool {
-    // Over unions the paired kernel computes, launched without a row
-    // kernel after it (only the H = 64, D = 128 module has unions).
-    if DIM == 128 && Q_HEADS == 64 && p.flags & FLAG_UNION != 0 {
-        PAIRED
-    } else if PAIRED || p.flags & FLAG_PAIR_DISPATCH != 0 {
+    if PAIRED || p.flags & FLAG_PAIR_DISPATCH != 0 {
         // SAFETY: forwarded (whole CTA, uniform control flow).
         unsafe { sync::warp_max_u32(pairs_up(p) as u32) == PAIRED as u32 }
     } else {

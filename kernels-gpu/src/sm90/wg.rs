@@ -136,12 +136,6 @@ pub(super) unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams,
     // (trailing all-padding chunks, whose gradients are exactly zero, are
     // skipped), else all of them.
     let c = Ctx::<PAIRED, HALF>::new(p, go);
-    if c.union && c.my_rows > 0 {
-        // Union lists are the union kernel's output: the prologue's first
-        // entries are read only after it completed.
-        // SAFETY: waits for the previous grid.
-        unsafe { griddep::wait() };
-    }
 
     // Pipeline, two barriers per item c (row k, chunk ch; K buffer and slot
     // set c % 2 by the item's index in the CTA's sequence):
@@ -202,8 +196,8 @@ unsafe fn prologue<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF
     // Items 0 and 1 are chunks 0 and 1 of row 0 whatever the counts.
     let (p0, p1) = (Pos { k: 0, ch: 0 }, Pos { k: 0, ch: 1 });
     load_row(c, 0);
-    put_row(c, p0, first_id(c, p0, 0), 0);
-    put_row(c, p1, first_id(c, p1, 1), 1);
+    put_row(c, p0, first_id(c, p0), 0);
+    put_row(c, p1, first_id(c, p1), 1);
     // Uniform barrier: key rows of items 0 and 1 (paired: of both halves,
     // which the vote on item 0 compares).
     if PAIRED {

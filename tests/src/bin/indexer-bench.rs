@@ -71,7 +71,7 @@ use dsa_indexer_bwd::cudarc::driver::{
 use dsa_indexer_bwd::dense::{self, cpu::HostInputs, Layout};
 use dsa_indexer_bwd::oneshot::HostResult;
 use dsa_indexer_bwd::{
-    gpu, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents, StageTimes, Unions,
+    gpu, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents, StageTimes,
 };
 use indexer_tests::dense::{DenseDevice, DenseProblem};
 use indexer_tests::dense_io::{read_dense_case, serialize_dense_outputs, DenseCase};
@@ -150,9 +150,6 @@ struct Cli {
     /// Timed runs per point (median, min, p90).
     #[arg(long, default_value_t = 30)]
     runs: usize,
-    /// Union walks of the Hopper fast path (`Options::unions`).
-    #[arg(long, value_enum, default_value = "auto")]
-    unions: UnionsArg,
     /// Untimed runs before them.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
@@ -226,23 +223,6 @@ impl IdKind {
             IdKind::Uniform => "uniform",
             IdKind::Ragged => "ragged",
             IdKind::Topk => "topk",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum UnionsArg {
-    Auto,
-    Always,
-    Never,
-}
-
-impl From<UnionsArg> for Unions {
-    fn from(u: UnionsArg) -> Unions {
-        match u {
-            UnionsArg::Auto => Unions::Auto,
-            UnionsArg::Always => Unions::Always,
-            UnionsArg::Never => Unions::Never,
         }
     }
 }
@@ -916,7 +896,6 @@ fn run_workload(cli: &Cli) -> Res<()> {
             );
             let opts = Options {
                 d_index_k: dk,
-                unions: cli.unions.into(),
                 ..Options::default()
             };
             p.opts = opts;

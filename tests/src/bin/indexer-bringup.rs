@@ -358,7 +358,6 @@ fn blackwell_opts(key_ids: KeyIds, score: ScoreKind, dk: GradDtype, dw: GradDtyp
         d_index_k: dk,
         d_weights: dw,
         backend: Backend::Blackwell,
-        ..Options::default()
     }
 }
 

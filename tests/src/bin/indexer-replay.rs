@@ -193,7 +193,6 @@ fn replay(cli: &Cli) -> Res<()> {
             BackendArg::Hopper => Backend::Hopper,
             BackendArg::Blackwell => Backend::Blackwell,
         },
-        ..Options::default()
     };
     println!(
         "{}",

@@ -12,12 +12,12 @@
 //! matched the reference; the sanitizer's own exit code reports its
 //! findings.
 
-use dsa_indexer_bwd::{dense, Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, Unions};
+use dsa_indexer_bwd::{dense, Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
 use indexer_tests::dense::{compare_dense, DenseDevice, DenseProblem};
 use indexer_tests::{
     check_against_reference, gpu, run_gpu, shape, Gen, Padding, Problem, Values, CONTINUOUS_FLOORS,
 };
-use kernels_gpu::sm90::{ids_pair_up, UNION_KERNEL};
+use kernels_gpu::sm90::ids_pair_up;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -42,15 +42,6 @@ fn opts(key_ids: KeyIds, score: ScoreKind, dk: GradDtype, dw: GradDtype) -> Opti
         d_index_k: dk,
         d_weights: dw,
         backend: Backend::Auto,
-        unions: Unions::Auto,
-    }
-}
-
-/// [`opts`] with union walks whatever the ids ([`Unions::Always`]).
-fn always(o: Options) -> Options {
-    Options {
-        unions: Unions::Always,
-        ..o
     }
 }
 
@@ -89,13 +80,11 @@ fn cases() -> Vec<Case> {
             wide: false,
         },
         Case {
-            // The union kernel, then the paired kernel over the unions
-            // (`Unions::Always`), i64 ids, local ids, bf16 dK (cast), a
-            // pair across the batch boundary (odd S_q), duplicates,
-            // padding.
-            name: "stage1 + union kernel + paired kernel over unions + cast, i64 ids",
+            // i64 local ids, bf16 dK (cast), a row pair across the batch
+            // boundary (odd S_q), duplicates, padding.
+            name: "stage1 + wgmma row kernel + cast, i64 local ids, odd S_q",
             shape: shape(2, 9, 150, 64, 128, 300),
-            opts: always(opts(Local, Probs, Bf16, F32)),
+            opts: opts(Local, Probs, Bf16, F32),
             gen: gen(Padding::OutOfRange, true),
             paired: false,
             wide: true,
@@ -246,13 +235,6 @@ fn main() {
     };
     for (i, (c, p)) in cases.iter().zip(&problems).enumerate() {
         let plan = Plan::new(&ctx, c.shape, c.opts).expect("plan");
-        // A case that asks for unions must run the union kernel.
-        assert_eq!(
-            plan.kernels().contains(&UNION_KERNEL),
-            c.opts.unions == Unions::Always,
-            "{}: the union kernel",
-            c.name
-        );
         let out = run_gpu(&ctx, p);
         let e = check_against_reference(p, &out);
         println!(

@@ -36,7 +36,7 @@
 
 use clap::Parser;
 use cudarc::driver::{sys, CudaContext, CudaGraph, CudaStream};
-use dsa_indexer_bwd::{Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, Unions};
+use dsa_indexer_bwd::{Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
 use indexer_tests::{
     compare_with_reference, gpu, DeviceProblem, Gen, GpuOut, Padding, Problem, Values,
     CONTINUOUS_FLOORS, GRID_FLOORS,
@@ -212,11 +212,6 @@ fn random_config(rng: &mut StdRng) -> (Shape, Options, Family) {
             Backend::Auto
         } else {
             Backend::Hopper
-        },
-        unions: if rng.random_bool(0.3) {
-            Unions::Always
-        } else {
-            Unions::Auto
         },
     };
     (shape, opts, family)
