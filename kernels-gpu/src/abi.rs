@@ -291,7 +291,7 @@ pub struct SmokeParams {
     pub _pad: u32,
 }
 
-/// Parameters of the ceiling kernels (`ceil_*`), see `kernels-gpu/src/ceil.rs`.
+/// Parameters of the ceiling kernels (`ceil_*`), see `kernels-gpu/src/lab/ceil.rs`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CeilParams {

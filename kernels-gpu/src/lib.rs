@@ -9,7 +9,8 @@
 //!   shared-memory budgets instead of repeating them, and the committed PTX texts
 //!   ([`PTX_SM90A`], [`PTX_SM100F`], [`PTX_SM90`]) with the machine code
 //!   assembled from them ([`SASS_SM90A`], [`SASS_SM100A`], [`SASS_SM103A`],
-//!   [`SASS_SM120`]) that the host embeds.
+//!   [`SASS_SM120`]) that the host embeds, and the lab's PTX of the
+//!   instruments ([`PTX_LAB_SM90A`], [`PTX_LAB_SM100F`], [`SASS_LAB_SM90A`]).
 //!
 //! Raw `asm!` lives only in `ptx` (device builds only).
 #![no_std]
@@ -24,17 +25,19 @@
     feature(rustc_attrs),
     allow(internal_features)
 )]
-
+// The lab build (`kernels_lab`) compiles the product's device helpers
+// without the product's entries, so most of them are unused there.
+#![cfg_attr(kernels_lab, allow(dead_code, unused_imports, unused_macros))]
 #[cfg(test)]
 extern crate std;
 
-/// Declares child modules that exist in the sm_90a device build only (the
+/// Declares child modules that exist in the sm_90a product build only (the
 /// kernels' role modules; their parents' constants and host-tested
 /// functions compile everywhere).
 macro_rules! sm90a_modules {
     ($($m:ident),* $(,)?) => {
         $(
-            #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+            #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a", not(kernels_lab)))]
             mod $m;
         )*
     };
@@ -53,28 +56,23 @@ pub mod tiles;
 #[cfg(target_arch = "nvptx64")]
 pub mod ptx;
 
-#[cfg(target_arch = "nvptx64")]
+// The product's entries exist in the product builds only (not
+// `kernels_lab`); the instruments in the lab builds only, for sm_90a and
+// sm_100f (`lab`, `registry::Home`).
+#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
 mod cast;
-// The benchmark's ceiling kernels and the toolchain smoke kernel live in
-// the sm_90a and sm_100f files only: the portable sm_90 file holds just what
-// `Plan` launches (stage 1, the row kernels, the cast), so a GPU without a
-// module of its own JIT-compiles no more than it runs.
-#[cfg(all(
-    target_arch = "nvptx64",
-    any(kernels_arch = "sm_90a", kernels_arch = "sm_100f")
-))]
-mod ceil;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
 mod grad;
 #[cfg(all(
     target_arch = "nvptx64",
+    kernels_lab,
     any(kernels_arch = "sm_90a", kernels_arch = "sm_100f")
 ))]
-mod smoke;
-#[cfg(target_arch = "nvptx64")]
+mod lab;
+#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
 mod stage1;
 // Dense mode's stage 1 (sm_90a only: dense mode runs the wgmma path).
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a", not(kernels_lab)))]
 mod dense;
 #[cfg(all(target_arch = "nvptx64", kernels_watchdog))]
 pub mod watchdog;
@@ -91,6 +89,17 @@ pub const PTX_SM100F: &str = include_str!("../ptx/kernels_sm_100f.ptx");
 #[cfg(not(target_arch = "nvptx64"))]
 pub const PTX_SM90: &str = include_str!("../ptx/kernels_sm_90.ptx");
 
+/// The committed lab PTX for sm_90a (`lab`: the instruments alone, built
+/// with `--cfg kernels_lab`), which no plan loads.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const PTX_LAB_SM90A: &str = include_str!("../ptx/lab_sm_90a.ptx");
+/// The committed lab PTX for the sm_100 family (the Blackwell bring-up
+/// kernels among them; compiled, not executed).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const PTX_LAB_SM100F: &str = include_str!("../ptx/lab_sm_100f.ptx");
+/// Machine code of [`PTX_LAB_SM90A`] for `sm_90a`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const SASS_LAB_SM90A: &[u8] = include_bytes!("../sass/lab_sm_90a.cubin");
 /// Machine code (a cubin) of [`PTX_SM90A`] for `sm_90a`, assembled by the
 /// pinned `ptxas` in `cargo xtask build-ptx`: loads on compute capability
 /// 9.0 only, with no JIT compilation.

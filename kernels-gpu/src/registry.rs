@@ -148,6 +148,34 @@ pub enum Bounds {
     },
 }
 
+/// The PTX files a kernel lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Home {
+    /// The product modules (`kernels_<target>.ptx`), the only ones a plan
+    /// loads.
+    Product,
+    /// The lab modules (`lab_<target>.ptx`, `--cfg kernels_lab`): the
+    /// instruments (the benchmark's ceilings, the toolchain smoke tests,
+    /// the Blackwell bring-up probes), loaded only by the tools that use
+    /// them, never by a plan.
+    Lab,
+    /// Watchdog builds of the product modules only (`--cfg
+    /// kernels_watchdog`), which are never committed.
+    Watchdog,
+}
+
+impl Home {
+    /// The file-name prefix of its committed PTX (`<prefix>_<target>.ptx`),
+    /// `None` for watchdog builds.
+    pub const fn prefix(self) -> Option<&'static str> {
+        match self {
+            Home::Product => Some("kernels"),
+            Home::Lab => Some("lab"),
+            Home::Watchdog => None,
+        }
+    }
+}
+
 /// One kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernel {
@@ -163,11 +191,11 @@ pub struct Kernel {
     /// Its parameter starts with `CUtensorMap`s, so the link step raises
     /// the parameter's alignment to `abi::TENSOR_MAP_ALIGN`.
     pub tensor_maps: bool,
-    /// The PTX files that contain it.
+    /// The targets whose files of its [`Home`] contain it.
     pub targets: Targets,
-    /// Only in watchdog builds (`--cfg kernels_watchdog`), which are never
-    /// committed; there, in every file `targets` names.
-    pub watchdog_only: bool,
+    /// Its files: the product's, the lab's, or watchdog builds' only
+    /// (there in every file `targets` names).
+    pub home: Home,
 }
 
 impl Kernel {
@@ -197,7 +225,15 @@ impl Kernel {
 
     /// Whether `target`'s committed PTX contains it.
     pub const fn in_ptx(&self, target: Target) -> bool {
-        !self.watchdog_only && self.targets.contains(target)
+        self.in_home(Home::Product, target)
+    }
+
+    /// Whether it is an `.entry` of `target`'s committed file of `home`.
+    pub const fn in_home(&self, home: Home, target: Target) -> bool {
+        matches!(
+            (self.home, home),
+            (Home::Product, Home::Product) | (Home::Lab, Home::Lab)
+        ) && self.targets.contains(target)
     }
 }
 
@@ -216,7 +252,7 @@ const fn k(
         bounds,
         tensor_maps: false,
         targets,
-        watchdog_only: false,
+        home: Home::Product,
     }
 }
 
@@ -501,19 +537,27 @@ pub const fn fwd_kernel(heads: u32, dim: u32, wgmma: bool) -> Option<Kernel> {
     None
 }
 
-/// The toolchain smoke kernel (mbarrier, shared memory).
-pub const SMOKE: Kernel = k(
+/// An instrument (`Home::Lab`).
+const fn lab(kernel: Kernel) -> Kernel {
+    Kernel {
+        home: Home::Lab,
+        ..kernel
+    }
+}
+
+/// The toolchain smoke kernel (mbarrier, shared memory; `lab::smoke`).
+pub const SMOKE: Kernel = lab(k(
     "smoke_mbarrier_reverse",
     Param::Smoke,
     SMOKE_THREADS,
     Bounds::None,
     Targets::ARCH,
-);
+));
 
-/// A ceiling kernel of the benchmark (`ceil.rs`), launched with 256
+/// A ceiling kernel of the benchmark (`lab::ceil`), launched with 256
 /// threads unless noted.
 const fn ceil(name: &'static str, threads: u32) -> Kernel {
-    k(name, Param::Ceil, threads, Bounds::None, Targets::ARCH)
+    lab(k(name, Param::Ceil, threads, Bounds::None, Targets::ARCH))
 }
 /// Tensor-core throughput (`mma.sync` chains).
 pub const CEIL_MMA_K: Kernel = ceil("ceil_mma_bf16", 256);
@@ -529,13 +573,13 @@ pub const CEIL_COPY_K: Kernel = ceil("ceil_copy", 256);
 pub const CEIL_GATHER_REDUCE_K: Kernel = ceil("ceil_gather_reduce", 256);
 
 /// The sm_100f tcgen05 smoke kernel (compiled and assembled, not executed).
-pub const SM100_SMOKE: Kernel = k(
+pub const SM100_SMOKE: Kernel = lab(k(
     "sm100_tcgen05_smoke",
     Param::Sm100Smoke,
     SM100_SMOKE_THREADS,
     Bounds::None,
     Targets::SM100F,
-);
+));
 
 /// Heads the stage-2 kernels take (H = 32 zero-padded to the M = 64 tile).
 pub const SM100_HEADS: [u32; 2] = [32, 64];
@@ -596,6 +640,7 @@ pub const fn sm100_stage2_kernel_name(topk: u32, heads: u32) -> Option<&'static 
 const fn probe(name: &'static str) -> Kernel {
     Kernel {
         tensor_maps: true,
+        home: Home::Lab,
         ..k(
             name,
             Param::Sm100Probe,
@@ -618,7 +663,7 @@ pub const SM100_PROBES: [Kernel; 3] = [SM100_PROBE_S_K, SM100_PROBE_DQ_K, SM100_
 /// The watchdog's self-test (watchdog builds only): one CTA; every thread
 /// waits on an mbarrier that nobody arrives on.
 pub const WATCHDOG_PROBE: Kernel = Kernel {
-    watchdog_only: true,
+    home: Home::Watchdog,
     ..k(
         "watchdog_probe",
         Param::Tag,
@@ -829,6 +874,16 @@ mod tests {
             assert_eq!(Target::from_name(t.name()), Some(t));
         }
         assert!(!WATCHDOG_PROBE.in_ptx(Target::Sm90a));
+        assert!(!WATCHDOG_PROBE.in_home(Home::Lab, Target::Sm90a));
+        // Instruments are in the lab files only, the product in its own.
+        for t in [Target::Sm90a, Target::Sm100f] {
+            assert!(CEIL_MMA_K.in_home(Home::Lab, t) && !CEIL_MMA_K.in_ptx(t));
+            assert!(SMOKE.in_home(Home::Lab, t) && !SMOKE.in_ptx(t));
+            assert!(STAGE1.in_ptx(t) && !STAGE1.in_home(Home::Lab, t));
+        }
+        assert!(SM100_PROBE_S_K.in_home(Home::Lab, Target::Sm100f));
+        assert!(!SM100_PROBE_S_K.in_ptx(Target::Sm100f));
+        assert!(!SM100_SMOKE.in_ptx(Target::Sm100f));
         assert!(SM90_WG.in_ptx(Target::Sm90a) && !SM90_WG.in_ptx(Target::Sm90));
     }
 }

@@ -14,7 +14,7 @@ fn smoke_kernel_matches_cpu() {
         return;
     };
     let stream = ctx.default_stream();
-    let module = gpu::load_module(&ctx).unwrap();
+    let module = dsa_indexer_bwd::lab::load_module(&ctx).unwrap();
     let f = module.load_function(SMOKE_KERNEL).unwrap();
     let blocks = 37u32;
     let n = (blocks * SMOKE_THREADS) as usize;
@@ -48,13 +48,13 @@ fn smoke_kernel_matches_cpu() {
     }
 }
 
-/// The Blackwell bring-up checks (`dsa_indexer_bwd::bringup`): a typed
+/// The Blackwell bring-up checks (`dsa_indexer_bwd::lab::bringup`): a typed
 /// error on any GPU outside the sm_100 family (never a panic or a launch);
 /// on an sm_100-family GPU (never available so far: compiled, not
 /// executed) every check must match the CPU exactly.
 #[test]
 fn blackwell_bringup_checks_refuse_other_gpus_and_pass_on_sm100() {
-    use dsa_indexer_bwd::{bringup, Error};
+    use dsa_indexer_bwd::{lab::bringup, Error};
     let Some(ctx) = test_gpu("blackwell_bringup_checks_refuse_other_gpus_and_pass_on_sm100") else {
         return;
     };

@@ -518,15 +518,34 @@ mod tests {
     use super::*;
     use kernels_gpu::registry::{self, stage2_kernel, SM100_HEADS, SM100_TOPKS};
 
-    /// The committed Blackwell PTX (the `ARCHS` entry of the sm_100 family).
-    fn blackwell_ptx() -> String {
-        let archs: Vec<_> = crate::ptx::ARCHS
+    /// The committed Blackwell PTX (the `ARCHS` entry of the sm_100
+    /// family), the product's or the lab's (the probes, the smoke kernel).
+    fn blackwell_ptx_of(lab: bool) -> String {
+        let archs = if lab {
+            &crate::ptx::LAB_ARCHS[..]
+        } else {
+            &crate::ptx::ARCHS[..]
+        };
+        let archs: Vec<_> = archs
             .iter()
             .filter(|a| a.target.starts_with("sm_100"))
             .collect();
         assert_eq!(archs.len(), 1, "one Blackwell PTX file");
-        let path = crate::ptx::ptx_path(&crate::util::repo_root(), archs[0].target);
+        let root = crate::util::repo_root();
+        let path = if lab {
+            crate::ptx::lab_ptx_path(&root, archs[0].target)
+        } else {
+            crate::ptx::ptx_path(&root, archs[0].target)
+        };
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn blackwell_ptx() -> String {
+        blackwell_ptx_of(false)
+    }
+
+    fn blackwell_lab_ptx() -> String {
+        blackwell_ptx_of(true)
     }
 
     fn check_all(ptx: &str) -> Result<Vec<(String, u64)>, String> {
@@ -586,14 +605,15 @@ mod tests {
             );
         }
         assert_eq!(checked.len(), registry::SM100_STAGE2.len());
+        let lab = blackwell_lab_ptx();
         let probes = probe_gemms();
         for (name, g) in probes {
-            check_probe(&ptx, name, g, PROBE_HEADS).unwrap_or_else(|e| panic!("{e}"));
+            check_probe(&lab, name, g, PROBE_HEADS).unwrap_or_else(|e| panic!("{e}"));
             println!("{name}: one chunk of {} as derived", gemms()[g].name);
         }
-        // Every tcgen05.mma of the file is in a checked kernel or the
+        // Every tcgen05.mma of both files is in a checked kernel or the
         // smoke kernel (which has its own shape).
-        for (name, body) in entries(&ptx) {
+        for (name, body) in entries(&ptx).into_iter().chain(entries(&lab)) {
             if body.contains("tcgen05.mma") {
                 assert!(
                     checked.iter().any(|c| c.0 == name)
@@ -620,7 +640,7 @@ mod tests {
 
     #[test]
     fn a_probe_with_another_gemm_or_step_count_is_caught() {
-        let ptx = blackwell_ptx();
+        let ptx = blackwell_lab_ptx();
         let (s, dq) = (probe_gemms()[0].0, probe_gemms()[1].0);
         // The S probe's MMAs are not dQ's.
         let e = check_probe(&ptx, s, 1, PROBE_HEADS).unwrap_err();

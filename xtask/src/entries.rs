@@ -1,11 +1,12 @@
 //! The kernel registry (`kernels_gpu::registry`) checked against the
-//! committed PTX: every entry is an `.entry` of exactly the files it
-//! claims, every `.entry` is an entry, and each kernel's header carries
+//! committed PTX, the product's and the lab's: every entry is an `.entry`
+//! of exactly the files of its home and targets, every `.entry` is an
+//! entry, and each kernel's header carries
 //! the parameter size, alignment and launch bounds the registry gives.
 
-use crate::ptx::{ptx_path, ARCHS};
+use crate::ptx::{lab_ptx_path, ptx_path, ARCHS, LAB_ARCHS};
 use crate::util::repo_root;
-use kernels_gpu::registry::{self, Target, KERNELS};
+use kernels_gpu::registry::{self, Home, Target, KERNELS};
 use std::collections::BTreeMap;
 
 /// What the PTX declares for one kernel, up to its body's `{`.
@@ -82,12 +83,13 @@ fn expected(k: &registry::Kernel, target: Target) -> Header {
     }
 }
 
-/// Differences between the registry and one target's PTX text.
-fn mismatches(ptx: &str, target: Target) -> Vec<String> {
+/// Differences between the registry and the PTX text of `home`'s file for
+/// `target`.
+fn mismatches(ptx: &str, home: Home, target: Target) -> Vec<String> {
     let found = headers(ptx);
     let mut bad = Vec::new();
     for k in KERNELS.iter() {
-        match (found.get(k.name), k.in_ptx(target)) {
+        match (found.get(k.name), k.in_home(home, target)) {
             (Some(h), true) => {
                 let want = expected(k, target);
                 if *h != want {
@@ -111,13 +113,25 @@ fn mismatches(ptx: &str, target: Target) -> Vec<String> {
 fn every_registry_entry_is_in_the_ptx_of_exactly_its_targets() {
     let root = repo_root();
     assert_eq!(ARCHS.len(), Target::ALL.len());
-    for arch in ARCHS {
+    let files = ARCHS
+        .iter()
+        .map(|a| (Home::Product, a, ptx_path(&root, a.target)))
+        .chain(
+            LAB_ARCHS
+                .iter()
+                .map(|a| (Home::Lab, a, lab_ptx_path(&root, a.target))),
+        );
+    for (home, arch, path) in files {
         let target = Target::from_name(arch.target).expect("a registry target");
-        let path = ptx_path(&root, arch.target);
         let ptx =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let bad = mismatches(&ptx, target);
-        assert!(bad.is_empty(), "{}:\n  {}", arch.target, bad.join("\n  "));
+        let bad = mismatches(&ptx, home, target);
+        assert!(
+            bad.is_empty(),
+            "{}:\n  {}",
+            path.display(),
+            bad.join("\n  ")
+        );
     }
 }
 
@@ -140,7 +154,7 @@ fn a_planted_mismatch_is_reported() {
             &format!(".visible .entry {stage2}(\n.param .align 64 .b8 {stage2}_param_0[368]\n)\n{{\n}}\n.visible .entry cast_f32_to_bf16("),
             1,
         );
-    let bad = mismatches(&planted, Target::Sm90a);
+    let bad = mismatches(&planted, Home::Product, Target::Sm90a);
     assert!(
         bad.iter().any(|b| b.starts_with(registry::STAGE1.name)),
         "{bad:?}"

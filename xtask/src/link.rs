@@ -140,11 +140,13 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
     )?;
     let ptx = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
     // Launch bounds and tensor-map parameter alignment of the kernels in
-    // this target's PTX, from the registry (`kernels_gpu::registry`).
+    // this target's PTX, from the registry (`kernels_gpu::registry`): the
+    // entries this build exports (the product's, the lab's or a watchdog
+    // build's).
     let target = Target::from_name(&cpu).ok_or_else(|| format!("unknown target {cpu}"))?;
     let kernels: Vec<&Kernel> = registry::KERNELS
         .iter()
-        .filter(|k| k.targets.contains(target))
+        .filter(|k| k.targets.contains(target) && exports.iter().any(|e| e == k.name))
         .collect();
     let (bounds, exact) = launch_bounds(&kernels, target);
     let ptx = add_launch_bounds(&ptx, &bounds, &exact)?;

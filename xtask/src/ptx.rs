@@ -58,6 +58,26 @@ pub const ARCHS: [Arch; 3] = [
     },
 ];
 
+/// The lab's PTX files (`--cfg kernels_lab`, `kernels-gpu/src/lab`): the
+/// instruments of the two architecture-specific targets, with the same
+/// gates; machine code shipped for `sm_90a` (the benchmark's ceilings on
+/// the H100/H200), the sm_100f file assembled as a check only (its
+/// bring-up probes are compiled, not executed).
+pub const LAB_ARCHS: [Arch; 2] = [
+    Arch {
+        target: "sm_90a",
+        ptx_feature: "+ptx81",
+        sass: &["sm_90a"],
+        check_only: &[],
+    },
+    Arch {
+        target: "sm_100f",
+        ptx_feature: "+ptx88",
+        sass: &[],
+        check_only: &["sm_100a"],
+    },
+];
+
 /// `nvidia-cuda-nvcc` wheel that provides `ptxas` (pinned for reproducible checks).
 pub const PTXAS_PACKAGE: &str = "nvidia-cuda-nvcc==13.0.88";
 
@@ -72,16 +92,15 @@ pub const NIGHTLY_MB: u32 = 870;
 /// LLVM full-unroll threshold used by rustc and by the link step's `opt`.
 pub const UNROLL_THRESHOLD: u32 = 4000;
 
-/// Committed PTX path of `arch`.
+/// Committed PTX path of the product module for `arch`.
 pub fn ptx_path(root: &Path, arch: &str) -> PathBuf {
-    root.join("kernels-gpu/ptx")
-        .join(format!("kernels_{arch}.ptx"))
+    Variant::Committed.ptx_path(root, arch)
 }
 
-/// Committed machine-code path for the GPU target `gpu` (`Arch::sass`).
-pub fn sass_path(root: &Path, gpu: &str) -> PathBuf {
-    root.join("kernels-gpu/sass")
-        .join(format!("kernels_{gpu}.cubin"))
+/// Committed PTX path of the lab module for `arch`.
+#[cfg(test)]
+pub fn lab_ptx_path(root: &Path, arch: &str) -> PathBuf {
+    Variant::Lab.ptx_path(root, arch)
 }
 
 /// The nightly named in `kernels-gpu/rust-toolchain.toml` (single source).
@@ -182,8 +201,10 @@ fn build_arch(
         // loops and moves the arrays to local memory.
         format!("-Cllvm-args=-unroll-threshold={UNROLL_THRESHOLD}"),
     ];
-    if variant == Variant::Watchdog {
-        flags.extend(["--cfg".into(), "kernels_watchdog".into()]);
+    match variant {
+        Variant::Committed => {}
+        Variant::Watchdog => flags.extend(["--cfg".into(), "kernels_watchdog".into()]),
+        Variant::Lab => flags.extend(["--cfg".into(), "kernels_lab".into()]),
     }
     let mut c = Command::new("rustup");
     c.args([
@@ -222,20 +243,22 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
     let llvm_bin = ensure_toolchain(&nightly)?;
     let ptxas = ensure_ptxas(&root)?;
     let mut stale = Vec::new();
-    for a in &ARCHS {
+    let builds = ARCHS
+        .iter()
+        .map(|a| (a, Variant::Committed))
+        .chain(LAB_ARCHS.iter().map(|a| (a, Variant::Lab)));
+    for (a, variant) in builds {
         let (arch, feature) = (a.target, a.ptx_feature);
-        util::step(&format!("building kernels-gpu for {arch} ({feature})"));
-        let text = build_arch(
-            &root,
-            &nightly,
-            &llvm_bin,
-            arch,
-            feature,
-            Variant::Committed,
-        )?;
-        let mut outputs = vec![(ptx_path(&root, arch), text.clone().into_bytes())];
-        for (gpu, cubin) in check_text(&root, &ptxas, a, &text, Variant::Committed)? {
-            outputs.push((sass_path(&root, gpu), cubin));
+        let what = if variant == Variant::Lab {
+            "the lab"
+        } else {
+            "kernels-gpu"
+        };
+        util::step(&format!("building {what} for {arch} ({feature})"));
+        let text = build_arch(&root, &nightly, &llvm_bin, arch, feature, variant)?;
+        let mut outputs = vec![(variant.ptx_path(&root, arch), text.clone().into_bytes())];
+        for (gpu, cubin) in check_text(&root, &ptxas, a, &text, variant)? {
+            outputs.push((variant.sass_path(&root, gpu), cubin));
         }
         for (dest, bytes) in outputs {
             if std::fs::read(&dest).ok().as_deref() == Some(&bytes[..]) {
@@ -261,13 +284,17 @@ pub fn build_ptx(check: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Which build of the kernels: the committed PTX, or the bring-up kit's
-/// watchdog build (`--cfg kernels_watchdog`: bounded mbarrier waits that
-/// record and trap, `kernels_gpu::watchdog` and `ptx::mbarrier`), which is never committed.
+/// Which build of the kernels: the committed product PTX, the committed
+/// lab PTX (`--cfg kernels_lab`: the instruments alone), or the bring-up
+/// kit's watchdog build (`--cfg kernels_watchdog`: bounded mbarrier waits
+/// that record and trap, `kernels_gpu::watchdog` and `ptx::mbarrier`),
+/// which is never committed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
-    /// `kernels-gpu/ptx/*.ptx`.
+    /// `kernels-gpu/ptx/kernels_*.ptx`, `kernels-gpu/sass/kernels_*.cubin`.
     Committed,
+    /// `kernels-gpu/ptx/lab_*.ptx`, `kernels-gpu/sass/lab_*.cubin`.
+    Lab,
     /// The watchdog build of `cargo xtask gpu-bundle`.
     Watchdog,
 }
@@ -276,8 +303,29 @@ impl Variant {
     fn target_dir(self) -> &'static str {
         match self {
             Variant::Committed => "target/ptx",
+            Variant::Lab => "target/ptx-lab",
             Variant::Watchdog => "target/ptx-watchdog",
         }
+    }
+
+    /// File-name prefix of its committed files.
+    fn prefix(self) -> &'static str {
+        match self {
+            Variant::Lab => "lab",
+            Variant::Committed | Variant::Watchdog => "kernels",
+        }
+    }
+
+    /// Committed PTX path for `arch`.
+    fn ptx_path(self, root: &Path, arch: &str) -> PathBuf {
+        root.join("kernels-gpu/ptx")
+            .join(format!("{}_{arch}.ptx", self.prefix()))
+    }
+
+    /// Committed machine-code path for the GPU target `gpu` (`Arch::sass`).
+    fn sass_path(self, root: &Path, gpu: &str) -> PathBuf {
+        root.join("kernels-gpu/sass")
+            .join(format!("{}_{gpu}.cubin", self.prefix()))
     }
 }
 

@@ -31,7 +31,7 @@ use crate::abi::{FwdParams, FLAG_FWD_DENSE, FLAG_IDS_I64, FLAG_LOCAL_IDS};
 
 // The kernels (device only): the loads, the products and the head sum, the
 // row's softmax, the two bodies, their entries.
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
 mod entry;
 #[cfg(target_arch = "nvptx64")]
 mod load;

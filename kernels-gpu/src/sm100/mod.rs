@@ -10,7 +10,7 @@
 //! each running its loop from [`proto`] on `dev` (the device implementation
 //! of its operations); plus the `smoke` kernel and the bring-up `probe`
 //! kernels (one stage-2 GEMM each, compared against the CPU by
-//! `dsa_indexer_bwd::bringup`).
+//! `dsa_indexer_bwd::lab::bringup`).
 //!
 //! Everything that can be checked without the GPU is plain Rust that also
 //! builds for the host and is unit-tested there: descriptor encodings and
@@ -46,11 +46,12 @@ mod dev;
 mod load;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod mma;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
+// The bring-up kernels are instruments (`crate::lab`): lab builds only.
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f", kernels_lab))]
 mod probe;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
 mod reduce;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f", kernels_lab))]
 mod smoke;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]
+#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f", not(kernels_lab)))]
 mod stage2;

@@ -5,7 +5,7 @@
 //!
 //! A wrong layout or descriptor in stage 2 shows up as a wrong gradient
 //! with no hint of its cause; a probe isolates one GEMM, so the mismatch
-//! is a tile whose pattern names the cause (`host/src/bringup.rs` reads
+//! is a tile whose pattern names the cause (`host/src/lab/bringup.rs` reads
 //! it). What a probe shares with stage 2, so that it tests the real thing:
 //! - operand placement: K stage 0, q buffer 0 and the dS tile at their
 //!   stage-2 offsets (`budget::OFF_K`, `OFF_Q`, `OFF_DS`), elements where

@@ -292,7 +292,7 @@ fn time_kernel(
 }
 
 fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: usize) -> Ceilings {
-    let module = gpu::load_module(ctx).unwrap();
+    let module = dsa_indexer_bwd::lab::load_module(ctx).unwrap();
     let f = |name: &str| -> CudaFunction { module.load_function(name).unwrap() };
     let sms = ctx.attribute(dsa_indexer_bwd::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as u32;
     let runs = 10;

@@ -17,9 +17,10 @@
 //! owner finds out whether it works, and where it breaks if it does not.
 
 use dsa_indexer_bwd::cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+use dsa_indexer_bwd::lab::{self, bringup, watchdog};
 use dsa_indexer_bwd::{
-    bringup, gpu, watchdog, Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape,
-    StageEvents, TCGEN05_VALIDATED,
+    gpu, Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape, StageEvents,
+    TCGEN05_VALIDATED,
 };
 use indexer_tests::{check_against_reference, DeviceProblem, Gen, Padding, Problem, Values};
 use kernels_gpu::abi::{
@@ -149,7 +150,7 @@ fn info(ctx: &Arc<CudaContext>, r: &mut Report) -> Outcome {
         "tcgen05 validated on: {TCGEN05_VALIDATED:?}; watchdog limit {} ms",
         watchdog::limit_ns() / 1_000_000
     ));
-    match gpu::load_module(ctx) {
+    match lab::product_module(ctx) {
         Ok(_) => {
             r.line(&format!(
                 "module loaded; watchdog build armed: {}",
@@ -165,7 +166,7 @@ fn info(ctx: &Arc<CudaContext>, r: &mut Report) -> Outcome {
 /// the launch fails instead of hanging. Needs the watchdog build.
 fn watchdog_self_test(ctx: &Arc<CudaContext>, r: &mut Report) -> Outcome {
     const TAG: u32 = 0x0b00;
-    let module = match gpu::load_module(ctx) {
+    let module = match lab::product_module(ctx) {
         Ok(m) => m,
         Err(e) => return Outcome::Failed(format!("loading the module: {e}")),
     };

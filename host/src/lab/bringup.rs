@@ -227,7 +227,7 @@ fn launch_hint(spec: &ProbeSpec) -> &'static str {
 /// allocation).
 pub fn smoke(ctx: &Arc<CudaContext>) -> Result<ProbeReport> {
     require_sm100(ctx)?;
-    let module = crate::modules::get(ctx, PtxModule::Sm100f)?.module();
+    let module = super::load_module(ctx)?;
     let f = module.load_function(SM100_SMOKE_KERNEL)?;
     let stream = ctx.default_stream();
     let (a, b) = smoke_inputs();
@@ -281,7 +281,7 @@ pub fn mma_probes_with(
     mut before: impl FnMut(&ProbeSpec),
 ) -> Result<Vec<ProbeReport>> {
     require_sm100(ctx)?;
-    let module = crate::modules::get(ctx, PtxModule::Sm100f)?.module();
+    let module = super::load_module(ctx)?;
     let stream = ctx.default_stream();
     let x = probe_inputs();
     let bufs = Buffers {
