@@ -812,26 +812,6 @@ fn headline(w: Workload, ids: IdKind) -> Workload {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn top_k_ids_run_at_as_many_keys_as_queries() {
-        let w = Workload {
-            seq_q: 8192,
-            seq_k: 4096,
-            heads: 64,
-            dim: 128,
-        };
-        assert_eq!(headline(w, IdKind::Topk).seq_k, 8192);
-        assert_eq!(headline(w, IdKind::Uniform).seq_k, 4096);
-        assert_eq!(headline(w, IdKind::Ragged).seq_k, 4096);
-        let wide = Workload { seq_k: 16384, ..w };
-        assert_eq!(headline(wide, IdKind::Topk).seq_k, 16384);
-    }
-}
-
 /// The points to measure: (workload, topk, ids), for each heads x head
 /// dimension of the command line in turn.
 fn cases(cli: &Cli) -> Vec<(Workload, usize, IdKind)> {
@@ -1179,4 +1159,24 @@ fn run_input(cli: &Cli, input: &std::path::Path) -> Res<()> {
 /// `x` to one decimal (JSON).
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_ids_run_at_as_many_keys_as_queries() {
+        let w = Workload {
+            seq_q: 8192,
+            seq_k: 4096,
+            heads: 64,
+            dim: 128,
+        };
+        assert_eq!(headline(w, IdKind::Topk).seq_k, 8192);
+        assert_eq!(headline(w, IdKind::Uniform).seq_k, 4096);
+        assert_eq!(headline(w, IdKind::Ragged).seq_k, 4096);
+        let wide = Workload { seq_k: 16384, ..w };
+        assert_eq!(headline(wide, IdKind::Topk).seq_k, 16384);
+    }
 }
