@@ -8,8 +8,7 @@ use crate::gpu::PtxModule;
 use crate::shape::{Backend, GradDtype, Shape};
 use kernels_gpu::abi::SM100_DIM;
 use kernels_gpu::registry::{
-    grad_kernel_name, sm100_stage2_kernel_name, CAST_KERNEL, SM100_HEADS, SM100_TOPKS,
-    STAGE1_KERNEL,
+    grad_kernel_name, sm100_stage2_kernel_name, CAST, SM100_HEADS, SM100_TOPKS, STAGE1,
 };
 use kernels_gpu::sm90;
 
@@ -223,10 +222,10 @@ impl PathKind {
                 row.kernel,
             ],
             PathKind::Sm90 { row, paired: false } => vec![row.stage1, row.kernel],
-            PathKind::Sm100 { stage2 } => vec![STAGE1_KERNEL, stage2],
+            PathKind::Sm100 { stage2 } => vec![STAGE1.name, stage2],
         };
         if d_index_k == GradDtype::Bf16 {
-            kernels.push(CAST_KERNEL);
+            kernels.push(CAST.name);
         }
         kernels
     }
@@ -620,7 +619,7 @@ mod tests {
                 row: sm90::wg_row(h, d).unwrap(),
                 paired: false,
             };
-            let stage1 = if d == 64 { s1_d64 } else { STAGE1_KERNEL };
+            let stage1 = if d == 64 { s1_d64 } else { STAGE1.name };
             let (hs, ds) = (h as usize, d as usize);
             // Even and odd row counts alike: no paired kernel; stage-1
             // chunk counts from SKIP_MIN_TOPK on, as for H = 64.
@@ -680,7 +679,7 @@ mod tests {
                     paired: true,
                 },
                 &[
-                    STAGE1_KERNEL,
+                    STAGE1.name,
                     kernels_gpu::registry::SM90_WG_PAIR.name,
                     kernels_gpu::registry::SM90_WG.name,
                 ],
@@ -690,7 +689,7 @@ mod tests {
                     row: d128,
                     paired: false,
                 },
-                &[STAGE1_KERNEL, kernels_gpu::registry::SM90_WG.name],
+                &[STAGE1.name, kernels_gpu::registry::SM90_WG.name],
             ),
             (
                 PathKind::Sm90 {
@@ -706,17 +705,17 @@ mod tests {
                 },
                 &["indexer_score_grad_d128", "indexer_bwd_wg_h32_d128"],
             ),
-            (PathKind::Sm100 { stage2: t }, &[STAGE1_KERNEL, t]),
+            (PathKind::Sm100 { stage2: t }, &[STAGE1.name, t]),
         ];
         for (p, names) in cases {
             assert_eq!(p.kernels(F32), names, "{p:?}");
             let mut with_cast = names.to_vec();
-            with_cast.push(CAST_KERNEL);
+            with_cast.push(CAST.name);
             assert_eq!(p.kernels(Bf16), with_cast, "{p:?}");
         }
         assert_eq!(
             path(10, 0, &both(), Backend::Blackwell).kernels(F32),
-            [STAGE1_KERNEL, t]
+            [STAGE1.name, t]
         );
     }
 }

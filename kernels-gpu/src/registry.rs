@@ -560,17 +560,17 @@ const fn ceil(name: &'static str, threads: u32) -> Kernel {
     lab(k(name, Param::Ceil, threads, Bounds::None, Targets::ARCH))
 }
 /// Tensor-core throughput (`mma.sync` chains).
-pub const CEIL_MMA_K: Kernel = ceil("ceil_mma_bf16", 256);
+pub const CEIL_MMA: Kernel = ceil("ceil_mma_bf16", 256);
 /// Scattered f32 row reduction by `red.global.add`.
-pub const CEIL_SCATTER_RED_K: Kernel = ceil("ceil_scatter_red", 256);
+pub const CEIL_SCATTER_RED: Kernel = ceil("ceil_scatter_red", 256);
 /// Scattered f32 row reduction by `cp.reduce.async.bulk`.
-pub const CEIL_SCATTER_BULK_K: Kernel = ceil("ceil_scatter_bulk", CEIL_BULK_THREADS);
+pub const CEIL_SCATTER_BULK: Kernel = ceil("ceil_scatter_bulk", CEIL_BULK_THREADS);
 /// bf16 row gather.
-pub const CEIL_GATHER_K: Kernel = ceil("ceil_gather_bf16", 256);
+pub const CEIL_GATHER: Kernel = ceil("ceil_gather_bf16", 256);
 /// Streaming copy.
-pub const CEIL_COPY_K: Kernel = ceil("ceil_copy", 256);
+pub const CEIL_COPY: Kernel = ceil("ceil_copy", 256);
 /// Gather and reduce mixed (`abi::CEIL_MIX_*`).
-pub const CEIL_GATHER_REDUCE_K: Kernel = ceil("ceil_gather_reduce", 256);
+pub const CEIL_GATHER_REDUCE: Kernel = ceil("ceil_gather_reduce", 256);
 
 /// The sm_100f tcgen05 smoke kernel (compiled and assembled, not executed).
 pub const SM100_SMOKE: Kernel = lab(k(
@@ -651,14 +651,14 @@ const fn probe(name: &'static str) -> Kernel {
     }
 }
 /// Probe of S = q K^T (M = 64, N = 128, K = 128; A and B K-major).
-pub const SM100_PROBE_S_K: Kernel = probe("sm100_probe_s");
+pub const SM100_PROBE_S: Kernel = probe("sm100_probe_s");
 /// Probe of dQ = dS K (M = 64, N = 128, K = 128; B MN-major).
-pub const SM100_PROBE_DQ_K: Kernel = probe("sm100_probe_dq");
+pub const SM100_PROBE_DQ: Kernel = probe("sm100_probe_dq");
 /// Probe of dK = dS^T q (M = 128, N = 128, K = `abi::SM100_PROBE_HEADS`;
 /// A and B MN-major).
-pub const SM100_PROBE_DK_K: Kernel = probe("sm100_probe_dk");
+pub const SM100_PROBE_DK: Kernel = probe("sm100_probe_dk");
 /// The probes.
-pub const SM100_PROBES: [Kernel; 3] = [SM100_PROBE_S_K, SM100_PROBE_DQ_K, SM100_PROBE_DK_K];
+pub const SM100_PROBES: [Kernel; 3] = [SM100_PROBE_S, SM100_PROBE_DQ, SM100_PROBE_DK];
 
 /// The watchdog's self-test (watchdog builds only): one CTA; every thread
 /// waits on an mbarrier that nobody arrives on.
@@ -698,12 +698,12 @@ pub const KERNELS: [Kernel; 56] = [
     DENSE_STAGE1,
     DENSE_WG,
     SMOKE,
-    CEIL_MMA_K,
-    CEIL_SCATTER_RED_K,
-    CEIL_SCATTER_BULK_K,
-    CEIL_GATHER_K,
-    CEIL_COPY_K,
-    CEIL_GATHER_REDUCE_K,
+    CEIL_MMA,
+    CEIL_SCATTER_RED,
+    CEIL_SCATTER_BULK,
+    CEIL_GATHER,
+    CEIL_COPY,
+    CEIL_GATHER_REDUCE,
     SM100_SMOKE,
     SM100_STAGE2[0],
     SM100_STAGE2[1],
@@ -711,9 +711,9 @@ pub const KERNELS: [Kernel; 56] = [
     SM100_STAGE2[3],
     SM100_STAGE2[4],
     SM100_STAGE2[5],
-    SM100_PROBE_S_K,
-    SM100_PROBE_DQ_K,
-    SM100_PROBE_DK_K,
+    SM100_PROBE_S,
+    SM100_PROBE_DQ,
+    SM100_PROBE_DK,
     WATCHDOG_PROBE,
     FWD_WG[0],
     FWD_WG[1],
@@ -777,41 +777,6 @@ const _: () = {
         i += 1;
     }
 };
-
-/// Names the host and the benchmark used before the table existed; each is
-/// its entry's `name`.
-mod names {
-    use super::*;
-    /// Name of [`STAGE1`].
-    pub const STAGE1_KERNEL: &str = STAGE1.name;
-    /// Name of [`CAST`].
-    pub const CAST_KERNEL: &str = CAST.name;
-    /// Name of [`SMOKE`].
-    pub const SMOKE_KERNEL: &str = SMOKE.name;
-    /// Name of [`SM100_SMOKE`].
-    pub const SM100_SMOKE_KERNEL: &str = SM100_SMOKE.name;
-    /// Name of [`SM100_PROBE_S_K`].
-    pub const SM100_PROBE_S: &str = SM100_PROBE_S_K.name;
-    /// Name of [`SM100_PROBE_DQ_K`].
-    pub const SM100_PROBE_DQ: &str = SM100_PROBE_DQ_K.name;
-    /// Name of [`SM100_PROBE_DK_K`].
-    pub const SM100_PROBE_DK: &str = SM100_PROBE_DK_K.name;
-    /// Name of [`WATCHDOG_PROBE`].
-    pub const WATCHDOG_PROBE_KERNEL: &str = WATCHDOG_PROBE.name;
-    /// Name of [`CEIL_MMA_K`].
-    pub const CEIL_MMA: &str = CEIL_MMA_K.name;
-    /// Name of [`CEIL_SCATTER_RED_K`].
-    pub const CEIL_SCATTER_RED: &str = CEIL_SCATTER_RED_K.name;
-    /// Name of [`CEIL_SCATTER_BULK_K`].
-    pub const CEIL_SCATTER_BULK: &str = CEIL_SCATTER_BULK_K.name;
-    /// Name of [`CEIL_GATHER_K`].
-    pub const CEIL_GATHER: &str = CEIL_GATHER_K.name;
-    /// Name of [`CEIL_COPY_K`].
-    pub const CEIL_COPY: &str = CEIL_COPY_K.name;
-    /// Name of [`CEIL_GATHER_REDUCE_K`].
-    pub const CEIL_GATHER_REDUCE: &str = CEIL_GATHER_REDUCE_K.name;
-}
-pub use names::*;
 
 #[cfg(test)]
 mod tests {
@@ -877,12 +842,12 @@ mod tests {
         assert!(!WATCHDOG_PROBE.in_home(Home::Lab, Target::Sm90a));
         // Instruments are in the lab files only, the product in its own.
         for t in [Target::Sm90a, Target::Sm100f] {
-            assert!(CEIL_MMA_K.in_home(Home::Lab, t) && !CEIL_MMA_K.in_ptx(t));
+            assert!(CEIL_MMA.in_home(Home::Lab, t) && !CEIL_MMA.in_ptx(t));
             assert!(SMOKE.in_home(Home::Lab, t) && !SMOKE.in_ptx(t));
             assert!(STAGE1.in_ptx(t) && !STAGE1.in_home(Home::Lab, t));
         }
-        assert!(SM100_PROBE_S_K.in_home(Home::Lab, Target::Sm100f));
-        assert!(!SM100_PROBE_S_K.in_ptx(Target::Sm100f));
+        assert!(SM100_PROBE_S.in_home(Home::Lab, Target::Sm100f));
+        assert!(!SM100_PROBE_S.in_ptx(Target::Sm100f));
         assert!(!SM100_SMOKE.in_ptx(Target::Sm100f));
         assert!(SM90_WG.in_ptx(Target::Sm90a) && !SM90_WG.in_ptx(Target::Sm90));
     }

@@ -5,7 +5,7 @@
 use dsa_indexer_bwd::gpu;
 use indexer_tests::gpu as test_gpu;
 use kernels_gpu::abi::{SmokeParams, SMOKE_SMEM_BYTES, SMOKE_THREADS};
-use kernels_gpu::registry::SMOKE_KERNEL;
+use kernels_gpu::registry::SMOKE;
 use rand::Rng;
 
 #[test]
@@ -15,7 +15,7 @@ fn smoke_kernel_matches_cpu() {
     };
     let stream = ctx.default_stream();
     let module = dsa_indexer_bwd::lab::load_module(&ctx).unwrap();
-    let f = module.load_function(SMOKE_KERNEL).unwrap();
+    let f = module.load_function(SMOKE.name).unwrap();
     let blocks = 37u32;
     let n = (blocks * SMOKE_THREADS) as usize;
     let mut rng = rand::rng();

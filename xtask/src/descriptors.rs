@@ -630,11 +630,11 @@ mod tests {
 
     /// Each probe kernel and the index of its GEMM in [`gemms`].
     fn probe_gemms() -> [(&'static str, usize); 3] {
-        use registry::{SM100_PROBE_DK_K, SM100_PROBE_DQ_K, SM100_PROBE_S_K};
+        use registry::{SM100_PROBE_DK, SM100_PROBE_DQ, SM100_PROBE_S};
         [
-            (SM100_PROBE_S_K.name, 0),
-            (SM100_PROBE_DQ_K.name, 1),
-            (SM100_PROBE_DK_K.name, 2),
+            (SM100_PROBE_S.name, 0),
+            (SM100_PROBE_DQ.name, 1),
+            (SM100_PROBE_DK.name, 2),
         ]
     }
 

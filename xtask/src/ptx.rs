@@ -545,9 +545,7 @@ fn dynamic_smem(kernel: &str) -> String {
                 None => return "-".into(),
             }
         }
-        Param::Ceil if *k == registry::CEIL_SCATTER_BULK_K => {
-            kernels_gpu::abi::CEIL_BULK_SMEM_BYTES
-        }
+        Param::Ceil if *k == registry::CEIL_SCATTER_BULK => kernels_gpu::abi::CEIL_BULK_SMEM_BYTES,
         Param::Fwd => {
             let shape = SUPPORTED_HEADS
                 .into_iter()

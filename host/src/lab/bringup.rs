@@ -43,7 +43,7 @@ use kernels_gpu::abi::{
     Sm100ProbeParams, Sm100SmokeParams, TensorMap, PROBE_K_GATHER4, PROBE_Q_TMA,
     PROBE_STATUS_WORDS, SM100_PROBE_THREADS, SM100_SMOKE_SMEM, SM100_SMOKE_THREADS,
 };
-use kernels_gpu::registry::{SM100_PROBE_DK, SM100_PROBE_DQ, SM100_PROBE_S, SM100_SMOKE_KERNEL};
+use kernels_gpu::registry::{SM100_PROBE_DK, SM100_PROBE_DQ, SM100_PROBE_S, SM100_SMOKE};
 use kernels_gpu::sm100::budget::SM100_PROBE_SMEM;
 use std::sync::Arc;
 
@@ -79,9 +79,9 @@ impl Gemm {
     /// The probe kernel of this GEMM.
     pub fn kernel(self) -> &'static str {
         match self {
-            Gemm::S => SM100_PROBE_S,
-            Gemm::Dq => SM100_PROBE_DQ,
-            Gemm::Dk => SM100_PROBE_DK,
+            Gemm::S => SM100_PROBE_S.name,
+            Gemm::Dq => SM100_PROBE_DQ.name,
+            Gemm::Dk => SM100_PROBE_DK.name,
         }
     }
 }
@@ -228,7 +228,7 @@ fn launch_hint(spec: &ProbeSpec) -> &'static str {
 pub fn smoke(ctx: &Arc<CudaContext>) -> Result<ProbeReport> {
     require_sm100(ctx)?;
     let module = super::load_module(ctx)?;
-    let f = module.load_function(SM100_SMOKE_KERNEL)?;
+    let f = module.load_function(SM100_SMOKE.name)?;
     let stream = ctx.default_stream();
     let (a, b) = smoke_inputs();
     let da = stream.clone_htod(&a)?;

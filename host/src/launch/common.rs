@@ -41,7 +41,7 @@ impl Run<'_> {
 /// the sm90 and sm100 paths start with it.
 ///
 /// # Safety
-/// `p` checked for `shape`; `f` is the module's `STAGE1_KERNEL`.
+/// `p` checked for `shape`; `f` is the module's `STAGE1.name`.
 pub(crate) unsafe fn launch_stage1(
     stream: &CudaStream,
     f: &CudaFunction,

@@ -43,7 +43,7 @@ use kernels_gpu::abi::{
     CastParams, GradParams, CAST_THREADS, CAST_VEC, FLAG_DW_F32, FLAG_LOCAL_IDS, FLAG_LOG_SCORE,
     FLAG_ROW_CHUNKS,
 };
-use kernels_gpu::registry::CAST_KERNEL;
+use kernels_gpu::registry::CAST;
 use std::sync::Arc;
 
 /// The loaded kernels of a plan's path.
@@ -100,7 +100,7 @@ pub(crate) struct Cast(CudaFunction);
 impl Cast {
     /// Takes the cast kernel (every module holds it).
     pub(crate) fn new(module: &Loaded) -> Result<Cast> {
-        Ok(Cast(module.kernel(CAST_KERNEL)?))
+        Ok(Cast(module.kernel(CAST.name)?))
     }
 
     /// Casts `shape.k_len()` f32 elements at `src` into bf16 at `dst`.

@@ -19,7 +19,7 @@ use crate::modules::Loaded;
 use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use kernels_gpu::abi::{Sm100Params, TensorMap, SM100_STAGE2_THREADS};
-use kernels_gpu::registry::STAGE1_KERNEL;
+use kernels_gpu::registry::STAGE1;
 use kernels_gpu::sched;
 use kernels_gpu::sm100::budget::SM100_SMEM;
 use kernels_gpu::sm100::tmap::{gather_map, q_tile_map, Map2d};
@@ -129,7 +129,7 @@ impl Sm100Kernels {
         stage2: &'static str,
     ) -> Result<Self> {
         let stage2 = module.kernel_with_smem(stage2, SM100_SMEM)?;
-        let stage1 = module.kernel(STAGE1_KERNEL)?;
+        let stage1 = module.kernel(STAGE1.name)?;
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Sm100Kernels {

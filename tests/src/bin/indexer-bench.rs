@@ -307,7 +307,7 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
     // Tensor cores (the instruction the row kernel uses).
     let (grid, block, iters) = (sms * 4, 256u32, 4096u32);
     let mut sink = stream.alloc_zeros::<f32>((grid * block) as usize).unwrap();
-    let mma = f(CEIL_MMA);
+    let mma = f(CEIL_MMA.name);
     let t = {
         let (a, _g) = sink.device_ptr_mut(stream);
         let p = CeilParams {
@@ -348,13 +348,13 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
             n: n as u64,
             ..Default::default()
         };
-        let red = f(CEIL_SCATTER_RED);
+        let red = f(CEIL_SCATTER_RED.name);
         let t_red = time_kernel(ctx, stream, runs, || launch(&red, sms * 8, 256, 0, &p));
-        let bulk = f(CEIL_SCATTER_BULK);
+        let bulk = f(CEIL_SCATTER_BULK.name);
         let t_bulk = time_kernel(ctx, stream, runs, || {
             launch(&bulk, sms * 8, CEIL_BULK_THREADS, CEIL_BULK_SMEM_BYTES, &p)
         });
-        let gat = f(CEIL_GATHER);
+        let gat = f(CEIL_GATHER.name);
         let mut chk = stream.alloc_zeros::<u32>((sms * 8 * 256) as usize).unwrap();
         let (cp, _gc) = chk.device_ptr_mut(stream);
         let pg = CeilParams { a: cp, ..p };
@@ -379,7 +379,7 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
             n: vecs as u64,
             ..Default::default()
         };
-        let c = f(CEIL_COPY);
+        let c = f(CEIL_COPY.name);
         let t = time_kernel(ctx, stream, runs, || launch(&c, sms * 16, 256, 0, &p));
         2.0 * (vecs * 16) as f64 / t
     };
@@ -387,7 +387,7 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
     // gathering, reducing, both.
     let (slots_gather, slots_reduce, slots_both) = {
         let (ap, _ga) = acc.device_ptr_mut(stream);
-        let mix = f(CEIL_GATHER_REDUCE);
+        let mix = f(CEIL_GATHER_REDUCE.name);
         let rate = |mode: u32| {
             let p = CeilParams {
                 a: ap,

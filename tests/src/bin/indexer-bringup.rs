@@ -26,7 +26,7 @@ use indexer_tests::{check_against_reference, DeviceProblem, Gen, Padding, Proble
 use kernels_gpu::abi::{
     watchdog_untag, WatchdogRecord, WATCHDOG_PROBE_SMEM, WATCHDOG_PROBE_THREADS,
 };
-use kernels_gpu::registry::WATCHDOG_PROBE_KERNEL;
+use kernels_gpu::registry::WATCHDOG_PROBE;
 use kernels_gpu::sm100::budget::{K_STAGES, Q_STAGES, SM100_CHUNK};
 use kernels_gpu::sm100::proto;
 use rand::rngs::StdRng;
@@ -177,7 +177,7 @@ fn watchdog_self_test(ctx: &Arc<CudaContext>, r: &mut Report) -> Outcome {
         ));
     }
     let f = module
-        .load_function(WATCHDOG_PROBE_KERNEL)
+        .load_function(WATCHDOG_PROBE.name)
         .expect("watchdog probe kernel");
     let stream = ctx.default_stream();
     let cfg = LaunchConfig {
