@@ -5,7 +5,7 @@ use dsa_indexer_bwd::{GradDtype, Options, Shape, StageTimes};
 use std::fmt::Write as _;
 
 /// cuDNN-frontend 1.32 on the H200, uniform / old slot-aligned ragged ids, a
-/// separate run (docs/perf-notes.md, "Reference points"); same-run ratios
+/// separate run (CHANGELOG.md, performance history); same-run ratios
 /// come from scripts/side_by_side.py.
 pub const CUDNN: [(usize, f64, f64); 5] = [
     (128, 578.0, 555.0),
@@ -490,7 +490,7 @@ pub fn plot(path: &str, points: &[Point], c: &Ceilings) -> Result<(), Box<dyn st
         let cudnn: Vec<(f64, f64)> = CUDNN.iter().map(|&(t, u, _)| (t as f64, u)).collect();
         chart
             .draw_series(LineSeries::new(cudnn, BLACK.stroke_width(1)))?
-            .label("cuDNN-frontend 1.32, uniform (separate run, docs/perf-notes.md)")
+            .label("cuDNN-frontend 1.32, uniform (separate run, CHANGELOG.md)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
     }
     let bound: Vec<(f64, f64)> = points

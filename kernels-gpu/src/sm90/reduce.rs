@@ -24,7 +24,7 @@ const _: () = assert!(ROWS_PER_WARP.is_power_of_two());
 /// next item's S; the rest go after that item's dS, before its barrier B2,
 /// and drain while its dQ and dK products run (fewer reductions in one
 /// burst). The split was chosen by measurement against the other splits
-/// (docs/perf-notes.md, "Measurements behind code choices").
+/// (docs/architecture.md, "Measurements behind code choices").
 pub(super) const RED_FIRST: u32 = 4;
 const _: () = assert!(RED_FIRST <= ROWS_PER_WARP);
 /// Staged dK rows (of its eight) each warp reduces right after issuing the
@@ -88,8 +88,8 @@ pub(super) unsafe fn stage<const PAIRED: bool, const HALF: u32>(
 /// (Nsight Compute, 78a2a89) ptxas unrolls them, loads the four key rows
 /// first and then each staged row into the same four registers right
 /// before its reduction; loading all four staged rows first (16 more live
-/// registers) measured no faster (docs/perf-history.md, "what is left at
-/// uniform topk 512").
+/// registers) measured no faster (CHANGELOG.md, performance history,
+/// 2026-11-30).
 ///
 /// `fused`: `Some(h)` when the item's dK of both rows was computed as one
 /// product by half h (paired kernel, every slot the same key row in both

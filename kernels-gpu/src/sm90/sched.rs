@@ -26,7 +26,7 @@ pub const fn pair_grid(rows: u32, sms: u32) -> u32 {
 /// all-padding chunks. Below it a row has few chunks to skip (never any at
 /// topk 128: every row runs at least two), and the count costs more than
 /// it saves (the threshold is where the skip started to pay on ragged
-/// ids, docs/perf-notes.md, "Measurements behind code choices").
+/// ids, docs/architecture.md, "Measurements behind code choices").
 pub const SKIP_MIN_TOPK: u32 = 512;
 
 /// Chunks the kernel runs for a row whose stage-1 count
