@@ -313,9 +313,9 @@ pub struct CeilParams {
 /// Row length, in elements, of the scatter and gather ceilings (the D of
 /// the SPEC workload).
 pub const CEIL_ROW: u32 = 128;
-/// `CeilParams::iters` bit of [`crate::registry::CEIL_GATHER_REDUCE.name`]: gather the K rows.
+/// `CeilParams::iters` bit of [`crate::registry::CEIL_GATHER_REDUCE`]: gather the K rows.
 pub const CEIL_MIX_GATHER: u32 = 1;
-/// `CeilParams::iters` bit of [`crate::registry::CEIL_GATHER_REDUCE.name`]: reduce the dK rows.
+/// `CeilParams::iters` bit of [`crate::registry::CEIL_GATHER_REDUCE`]: reduce the dK rows.
 pub const CEIL_MIX_REDUCE: u32 = 2;
 /// Threads per CTA of the bulk scatter ceiling (each stages one row).
 pub const CEIL_BULK_THREADS: u32 = 64;
