@@ -389,3 +389,59 @@ fn reductions_per_slot_halve_only_shared_slots_of_the_paired_kernel() {
     let st = count(&s, false, &shifted);
     assert_eq!(st.pair_shared, 0.0);
 }
+
+/// The committed benchmark page is exactly what `indexer-bench --from-json
+/// ... --page` renders from the JSON lines its first line names (so the
+/// page cannot drift from the run's data), and that JSON is a GPU run
+/// with both d_index_k types at every point.
+#[test]
+fn the_benchmark_page_is_the_render_of_its_json() {
+    use indexer_tests::report::{benchmark_page, page_args, parse_json_lines};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let page =
+        std::fs::read_to_string(root.join("docs/benchmarks.md")).expect("docs/benchmarks.md");
+    let (source, chart) = page_args(&page).expect("a generated page");
+    let text = std::fs::read_to_string(root.join(&source)).expect("the page's JSON lines");
+    let (gpu, ceil, points) = parse_json_lines(&text).expect("JSON lines");
+    assert!(!points.is_empty() && gpu.contains("H200"), "{gpu}");
+    let again = benchmark_page(&source, chart.as_deref(), &gpu, &ceil, &points);
+    assert!(
+        again == page,
+        "docs/benchmarks.md is not the render of {source}: run `cargo run -p indexer-tests --bin indexer-bench -- --from-json {source} --page docs/benchmarks.md{}` from the repository root",
+        chart.map_or(String::new(), |c| format!(" --plot {c}"))
+    );
+    // A changed time changes the page.
+    let mut edited = points.clone();
+    edited[0].median_us += 1000.0;
+    assert_ne!(
+        benchmark_page(&source, chart.as_deref(), &gpu, &ceil, &edited),
+        page
+    );
+}
+
+#[test]
+fn page_args_read_back_what_the_page_was_rendered_from() {
+    use indexer_tests::report::{benchmark_page, page_args, Ceilings};
+    let c = Ceilings {
+        mma_flops: f64::NAN,
+        scatter_red: f64::NAN,
+        scatter_bulk: f64::NAN,
+        gather: f64::NAN,
+        copy: f64::NAN,
+        slots_gather: f64::NAN,
+        slots_reduce: f64::NAN,
+        slots_both: f64::NAN,
+    };
+    let p = benchmark_page("docs/runs/r/bench.jsonl", Some("docs/c.svg"), "G", &c, &[]);
+    assert_eq!(
+        page_args(&p),
+        Some(("docs/runs/r/bench.jsonl".into(), Some("docs/c.svg".into())))
+    );
+    assert!(p.contains("](runs/r/bench.jsonl)") && p.contains("](c.svg)"));
+    let p = benchmark_page("docs/runs/r/bench.jsonl", None, "G", &c, &[]);
+    assert_eq!(
+        page_args(&p),
+        Some(("docs/runs/r/bench.jsonl".into(), None))
+    );
+    assert_eq!(page_args("# Not generated"), None);
+}

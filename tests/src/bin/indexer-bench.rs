@@ -77,8 +77,8 @@ use indexer_tests::dense::{DenseDevice, DenseProblem};
 use indexer_tests::dense_io::{read_dense_case, serialize_dense_outputs, DenseCase};
 use indexer_tests::io::{case_key_ids, check_ids, read_case, serialize_outputs, OutFile, Res};
 use indexer_tests::report::{
-    ceilings_json, dk_name, json_num, markdown, parse_json_lines, plot, point_json, which_computes,
-    Ceilings, IdStats, Point, Workload,
+    benchmark_page, ceilings_json, dk_name, json_num, markdown, parse_json_lines, plot, point_json,
+    which_computes, Ceilings, IdStats, Point, Workload,
 };
 use indexer_tests::{grad_vec, DeviceProblem, Gen, Padding, Problem, Values};
 use kernels_gpu::abi::*;
@@ -174,6 +174,11 @@ struct Cli {
     /// Re-renders --plot/--markdown from an earlier run's JSON lines (no GPU).
     #[arg(long, value_name = "RUN.jsonl", conflicts_with = "file_input")]
     from_json: Option<PathBuf>,
+    /// With --from-json: writes the benchmark page (`docs/benchmarks.md`:
+    /// a summary and every point; give the paths relative to the
+    /// repository root, as the page names them, with --plot for its chart).
+    #[arg(long, value_name = "PAGE.md", requires = "from_json")]
+    page: Option<PathBuf>,
     /// Times the tensors of this .safetensors file instead of the workload.
     #[arg(long, value_name = "CASE.safetensors")]
     input: Option<PathBuf>,
@@ -419,6 +424,21 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
 
 /// `--markdown FILE` and `--plot FILE.svg`.
 fn write_reports(cli: &Cli, gpu: &str, ceil: &Ceilings, points: &[Point]) -> Res<()> {
+    if let Some(f) = &cli.page {
+        let source = cli
+            .from_json
+            .as_ref()
+            .ok_or("--page: only with --from-json (the page names its JSON lines)")?;
+        let chart = cli.plot.as_ref().map(|p| p.display().to_string());
+        let page = benchmark_page(
+            &source.display().to_string(),
+            chart.as_deref(),
+            gpu,
+            ceil,
+            points,
+        );
+        std::fs::write(f, page).map_err(|e| format!("--page {}: {e}", f.display()))?;
+    }
     if let Some(f) = &cli.markdown {
         std::fs::write(f, markdown(points, gpu, ceil))
             .map_err(|e| format!("--markdown {}: {e}", f.display()))?;
