@@ -15,8 +15,10 @@
 //! - [`cpu`]: a multi-threaded f64 implementation of the same math: the test
 //!   oracle, and [`cpu::execute`], the fallback where no GPU is present.
 //! - [`dense`]: dense mode (the warm-up stage: every causal key, raw
-//!   scores), CPU reference and fallback; its GPU kernel is not written
-//!   yet ([`dense::Plan::execute`] says so with a typed error).
+//!   scores): on compute capability 9.0 its own tile kernel (H = 64,
+//!   D = 128) or the sparse path's wgmma kernels (other H x D), the CPU
+//!   reference and fallback elsewhere ([`dense::Plan::execute`] returns a
+//!   typed error on other GPUs).
 //!
 //! Runs on: NVIDIA GPUs of compute capability 9.0 or newer, tested on an
 //! H200 (sm_90). Other GPUs load the `sm_100f` module (10.0, 10.3) or the

@@ -19,14 +19,15 @@
 //!   and [`cpu::execute`] (the fallback), multi-threaded;
 //! - [`run`]: one problem held on the host (on the GPU where [`Plan`]
 //!   runs there and the caller allows it, else on the CPU);
-//! - [`Plan`]: on compute capability 9.0 (H100, H200), dense stage 1 and
-//!   the sparse path's wgmma kernels on the equivalent sparse problem
-//!   (key ids built once by the plan, [`MAX_GPU_SCORES`]); elsewhere
+//! - [`Plan`]: on compute capability 9.0 (H100, H200), dense stage 1
+//!   then, for H = 64 and D = 128, dense mode's own tile kernel (K tiles
+//!   loaded whole, each key tile's dK reduced once:
+//!   `indexer_dense_bwd_wg_h64_d128`), for the other H x D the sparse
+//!   path's wgmma kernels on the equivalent sparse problem (key ids built
+//!   once by the plan, up to [`MAX_GPU_SCORES`]); elsewhere
 //!   [`Plan::execute`] returns [`crate::Error::NotImplemented`] after its
 //!   checks; [`Plan::execute_raw`] the same on raw device addresses and
-//!   a raw stream ([`DenseRawBuffers`], for the Python extension). A
-//!   dense kernel proper (K tiles loaded whole, dK reduced once
-//!   per key tile) is not written yet.
+//!   a raw stream ([`DenseRawBuffers`], for the Python extension).
 //!
 //! Of [`crate::Options`], `sm_scale`, `d_index_k` and `d_weights` apply;
 //! `key_ids`, `score` and `backend` are ignored.
