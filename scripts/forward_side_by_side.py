@@ -48,6 +48,7 @@ from side_by_side import (  # noqa: E402 - the sparse script's helpers (stdlib o
     case_name,
     cudnn_indexer_backward,
     draw_inputs,
+    gathered_chunks,
     median_event_us,
     parse_args,
 )
@@ -62,23 +63,14 @@ SLEEP_CYCLES = 5_000_000
 def reference_forward(torch, x, sm_scale):
     """SPEC's forward (probabilities) in f64 on the GPU, in chunks of rows."""
     q, w, k, ids = x["index_q"], x["weights"], x["index_k"], x["topk_indices"]
-    b_n, sq, h, d = q.shape
-    keys = k.shape[0] * k.shape[1]
-    topk = ids.shape[-1]
-    kf = k.reshape(keys, d).double()
-    out = torch.zeros(b_n, sq, topk, dtype=torch.float64, device=q.device)
-    step = max(1, (1 << 28) // (topk * max(d, h) * 8))
-    for b in range(b_n):
-        for s0 in range(0, sq, step):
-            s1 = min(sq, s0 + step)
-            idc = ids[b, s0:s1].long()
-            valid = (idc >= 0) & (idc < keys)
-            kg = kf[idc.clamp(0, keys - 1)]
-            s = sm_scale * torch.einsum("chd,ctd->cht", q[b, s0:s1].double(), kg)
-            logit = (s.clamp_min(0) * w[b, s0:s1].double()[:, :, None]).sum(1)
-            logit = logit.masked_fill(~valid, -math.inf)
-            out[b, s0:s1] = torch.softmax(logit, -1).nan_to_num(0.0)
-            del kg, s
+    b_n, sq, h, _ = q.shape
+    out = torch.zeros(b_n, sq, ids.shape[-1], dtype=torch.float64, device=q.device)
+    for b, s0, s1, _, valid, kg in gathered_chunks(torch, k, ids, torch.float64, h):
+        s = sm_scale * torch.einsum("chd,ctd->cht", q[b, s0:s1].double(), kg)
+        logit = (s.clamp_min(0) * w[b, s0:s1].double()[:, :, None]).sum(1)
+        logit = logit.masked_fill(~valid, -math.inf)
+        out[b, s0:s1] = torch.softmax(logit, -1).nan_to_num(0.0)
+        del kg, s
     return out
 
 

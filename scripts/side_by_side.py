@@ -409,6 +409,23 @@ def run_crate(torch, a, path, out, dev):
 # ---------------------------------------------------------------- reference
 
 
+def gathered_chunks(torch, k, ids, f, heads):
+    """The references' walk over `ids` (B, S_q, topk; global ids into the
+    B*S_k rows of `k`) in chunks of rows near 256 MiB of f64 work: for each
+    batch `b` and rows `s0:s1`, the chunk's ids as int64, which of them are
+    valid, and their key rows in dtype `f` (a clamped row where invalid)."""
+    keys, d = k.shape[0] * k.shape[1], k.shape[-1]
+    b_n, sq, topk = ids.shape
+    kf = k.reshape(keys, d).to(f)
+    step = row_chunk(2 * topk * max(d, heads))
+    for b in range(b_n):
+        for s0 in range(0, sq, step):
+            s1 = min(sq, s0 + step)
+            idc = ids[b, s0:s1].long()
+            valid = (idc >= 0) & (idc < keys)
+            yield b, s0, s1, idc, valid, kf[idc.clamp(0, keys - 1)]
+
+
 def reference(torch, x, a):
     """SPEC's math (sparse backward, global ids) in `a.ref` precision on
     the GPU, in chunks of rows: grad_signal, d_index_q, d_weights, d_index_k."""
@@ -417,33 +434,25 @@ def reference(torch, x, a):
     target, predict, ids = x["attn_score"].to(f), x["index_score"].to(f), x["topk_indices"]
     b_n, sq, h, d = q.shape
     keys = k.shape[0] * k.shape[1]
-    topk = ids.shape[-1]
     c = a.loss_coeff / (b_n * sq) * float(x["grad_loss"][0])
     clip = math.exp(-100.0)
     g = -target.clamp_min(clip) * (predict >= clip).to(f) * c
     sig = g - predict * g.sum(-1, keepdim=True)
-    kf = k.reshape(keys, d).to(f)
     dq = torch.zeros(b_n, sq, h, d, dtype=f, device=q.device)
     dw = torch.zeros(b_n, sq, h, dtype=f, device=q.device)
     dk = torch.zeros(keys, d, dtype=f, device=q.device)
-    step = max(1, (1 << 28) // (topk * max(d, h) * 8))
-    for b in range(b_n):
-        for s0 in range(0, sq, step):
-            s1 = min(sq, s0 + step)
-            idc = ids[b, s0:s1].long()
-            valid = (idc >= 0) & (idc < keys)
-            kg = kf[idc.clamp(0, keys - 1)]  # (c, T, D)
-            qc = q[b, s0:s1].to(f)  # (c, H, D)
-            s = a.sm_scale * torch.einsum("chd,ctd->cht", qc, kg)
-            gate = (s > 0) & valid[:, None, :]
-            sg = sig[b, s0:s1][:, None, :]
-            zero = torch.zeros((), dtype=f, device=q.device)
-            ds = torch.where(gate, sg * w[b, s0:s1].to(f)[:, :, None], zero)
-            dw[b, s0:s1] = torch.where(gate, sg * s, zero).sum(-1)
-            dq[b, s0:s1] = a.sm_scale * torch.einsum("cht,ctd->chd", ds, kg)
-            contrib = a.sm_scale * torch.einsum("cht,chd->ctd", ds, qc)
-            dk.index_add_(0, idc[valid], contrib[valid])
-            del kg, s, gate, ds, contrib
+    zero = torch.zeros((), dtype=f, device=q.device)
+    for b, s0, s1, idc, valid, kg in gathered_chunks(torch, k, ids, f, h):
+        qc = q[b, s0:s1].to(f)  # (c, H, D); kg (c, T, D)
+        s = a.sm_scale * torch.einsum("chd,ctd->cht", qc, kg)
+        gate = (s > 0) & valid[:, None, :]
+        sg = sig[b, s0:s1][:, None, :]
+        ds = torch.where(gate, sg * w[b, s0:s1].to(f)[:, :, None], zero)
+        dw[b, s0:s1] = torch.where(gate, sg * s, zero).sum(-1)
+        dq[b, s0:s1] = a.sm_scale * torch.einsum("cht,ctd->chd", ds, kg)
+        contrib = a.sm_scale * torch.einsum("cht,chd->ctd", ds, qc)
+        dk.index_add_(0, idc[valid], contrib[valid])
+        del kg, s, gate, ds, contrib
     return {"grad_signal": sig, "d_index_q": dq, "d_weights": dw, "d_index_k": dk.reshape(k.shape)}
 
 
