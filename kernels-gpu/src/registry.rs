@@ -164,18 +164,6 @@ pub enum Home {
     Watchdog,
 }
 
-impl Home {
-    /// The file-name prefix of its committed PTX (`<prefix>_<target>.ptx`),
-    /// `None` for watchdog builds.
-    pub const fn prefix(self) -> Option<&'static str> {
-        match self {
-            Home::Product => Some("kernels"),
-            Home::Lab => Some("lab"),
-            Home::Watchdog => None,
-        }
-    }
-}
-
 /// One kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernel {

@@ -518,34 +518,25 @@ mod tests {
     use super::*;
     use kernels_gpu::registry::{self, stage2_kernel, SM100_HEADS, SM100_TOPKS};
 
-    /// The committed Blackwell PTX (the `ARCHS` entry of the sm_100
-    /// family), the product's or the lab's (the probes, the smoke kernel).
-    fn blackwell_ptx_of(lab: bool) -> String {
-        let archs = if lab {
-            &crate::ptx::LAB_ARCHS[..]
-        } else {
-            &crate::ptx::ARCHS[..]
-        };
+    /// The committed Blackwell PTX of `variant` (its entry of the sm_100
+    /// family in `archs`): the product's, or the lab's (the probes, the
+    /// smoke kernel).
+    fn blackwell_ptx_of(archs: &[crate::ptx::Arch], variant: crate::ptx::Variant) -> String {
         let archs: Vec<_> = archs
             .iter()
             .filter(|a| a.target.starts_with("sm_100"))
             .collect();
         assert_eq!(archs.len(), 1, "one Blackwell PTX file");
-        let root = crate::util::repo_root();
-        let path = if lab {
-            crate::ptx::lab_ptx_path(&root, archs[0].target)
-        } else {
-            crate::ptx::ptx_path(&root, archs[0].target)
-        };
+        let path = variant.ptx_path(&crate::util::repo_root(), archs[0].target);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
     fn blackwell_ptx() -> String {
-        blackwell_ptx_of(false)
+        blackwell_ptx_of(&crate::ptx::ARCHS, crate::ptx::Variant::Committed)
     }
 
     fn blackwell_lab_ptx() -> String {
-        blackwell_ptx_of(true)
+        blackwell_ptx_of(&crate::ptx::LAB_ARCHS, crate::ptx::Variant::Lab)
     }
 
     fn check_all(ptx: &str) -> Result<Vec<(String, u64)>, String> {

@@ -4,7 +4,7 @@
 //! entry, and each kernel's header carries
 //! the parameter size, alignment and launch bounds the registry gives.
 
-use crate::ptx::{lab_ptx_path, ptx_path, ARCHS, LAB_ARCHS};
+use crate::ptx::{ptx_path, Variant, ARCHS, LAB_ARCHS};
 use crate::util::repo_root;
 use kernels_gpu::registry::{self, Home, Target, KERNELS};
 use std::collections::BTreeMap;
@@ -119,7 +119,7 @@ fn every_registry_entry_is_in_the_ptx_of_exactly_its_targets() {
         .chain(
             LAB_ARCHS
                 .iter()
-                .map(|a| (Home::Lab, a, lab_ptx_path(&root, a.target))),
+                .map(|a| (Home::Lab, a, Variant::Lab.ptx_path(&root, a.target))),
         );
     for (home, arch, path) in files {
         let target = Target::from_name(arch.target).expect("a registry target");

@@ -97,12 +97,6 @@ pub fn ptx_path(root: &Path, arch: &str) -> PathBuf {
     Variant::Committed.ptx_path(root, arch)
 }
 
-/// Committed PTX path of the lab module for `arch`.
-#[cfg(test)]
-pub fn lab_ptx_path(root: &Path, arch: &str) -> PathBuf {
-    Variant::Lab.ptx_path(root, arch)
-}
-
 /// The nightly named in `kernels-gpu/rust-toolchain.toml` (single source).
 pub fn pinned_nightly(root: &Path) -> Result<String, String> {
     let f = root.join("kernels-gpu/rust-toolchain.toml");
@@ -317,7 +311,7 @@ impl Variant {
     }
 
     /// Committed PTX path for `arch`.
-    fn ptx_path(self, root: &Path, arch: &str) -> PathBuf {
+    pub fn ptx_path(self, root: &Path, arch: &str) -> PathBuf {
         root.join("kernels-gpu/ptx")
             .join(format!("{}_{arch}.ptx", self.prefix()))
     }

@@ -214,7 +214,7 @@ mod tests {
     #[test]
     fn the_committed_probes_trap_after_a_timed_out_wait() {
         let root = crate::util::repo_root();
-        let path = crate::ptx::lab_ptx_path(&root, "sm_100f");
+        let path = crate::ptx::Variant::Lab.ptx_path(&root, "sm_100f");
         let text = std::fs::read_to_string(&path).unwrap();
         let (f, waits) = check(&text);
         for probe in ["sm100_probe_s", "sm100_probe_dq", "sm100_probe_dk"] {
