@@ -421,17 +421,8 @@ fn the_benchmark_page_is_the_render_of_its_json() {
 
 #[test]
 fn page_args_read_back_what_the_page_was_rendered_from() {
-    use indexer_tests::report::{benchmark_page, page_args, Ceilings};
-    let c = Ceilings {
-        mma_flops: f64::NAN,
-        scatter_red: f64::NAN,
-        scatter_bulk: f64::NAN,
-        gather: f64::NAN,
-        copy: f64::NAN,
-        slots_gather: f64::NAN,
-        slots_reduce: f64::NAN,
-        slots_both: f64::NAN,
-    };
+    use indexer_tests::report::{benchmark_page, page_args};
+    let c = ceilings();
     let p = benchmark_page("docs/runs/r/bench.jsonl", Some("docs/c.svg"), "G", &c, &[]);
     assert_eq!(
         page_args(&p),
