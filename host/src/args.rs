@@ -111,12 +111,26 @@ pub struct Outputs<'a> {
 }
 
 /// Device workspace a plan of `shape` and `opts` needs: the f32
-/// accumulator of `d_index_k` when that output is bf16, zero otherwise.
+/// accumulator of `d_index_k` when that output is bf16, zero otherwise;
+/// in deterministic mode the tables of `abi::det_layout` (the i32
+/// accumulator first), whatever `d_index_k`'s type.
 pub(crate) fn workspace_bytes(shape: &Shape, opts: &Options) -> usize {
+    if opts.deterministic {
+        return det_layout(shape).bytes as usize;
+    }
     match opts.d_index_k {
         GradDtype::F32 => 0,
         GradDtype::Bf16 => shape.k_len() * 4,
     }
+}
+
+/// The deterministic mode's workspace layout for `shape`.
+pub(crate) fn det_layout(shape: &Shape) -> kernels_gpu::abi::DetLayout {
+    kernels_gpu::abi::det_layout(
+        (shape.batch * shape.seq_k) as u64,
+        shape.rows() as u64,
+        shape.head_dim as u64,
+    )
 }
 
 /// Device addresses of a checked call (0 for a missing workspace).
@@ -136,8 +150,10 @@ pub(crate) struct Ptrs {
 }
 
 impl Ptrs {
-    /// Where the kernels accumulate dK in f32: the workspace when
-    /// `d_index_k` is bf16 (`workspace_bytes > 0`), else `d_index_k` itself.
+    /// Where the kernels accumulate dK: the workspace when there is one
+    /// (`workspace_bytes > 0`: the f32 accumulator of a bf16 `d_index_k`,
+    /// or the deterministic mode's i32 one at its start), else
+    /// `d_index_k` itself.
     pub(crate) fn dk_accum(&self, workspace_bytes: usize) -> u64 {
         if workspace_bytes > 0 {
             self.workspace

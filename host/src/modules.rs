@@ -156,7 +156,8 @@ fn launched_by_plans(param: Param) -> bool {
         | Param::Dense
         | Param::DenseTile
         | Param::Sm100Stage2
-        | Param::Fwd => true,
+        | Param::Fwd
+        | Param::Det => true,
         Param::Smoke | Param::Ceil | Param::Sm100Smoke | Param::Sm100Probe | Param::Tag => false,
     }
 }

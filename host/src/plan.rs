@@ -2,11 +2,12 @@
 //! the checks are in `args`, the launches of each path in `launch`.
 
 use crate::args::{self, Expected, Inputs, Outputs, Ptrs, TopkId};
+use crate::error::Error;
 use crate::error::Result;
 use crate::events::StageEvents;
-use crate::launch::{self, Cast, Path, Run};
+use crate::launch::{self, Cast, DetOut, Path, Run};
 use crate::select::{select, PathKind};
-use crate::shape::{Backend, Options, Shape};
+use crate::shape::{Backend, GradDtype, Options, Shape};
 use cudarc::driver::{CudaContext, CudaStream};
 use kernels_gpu::abi::FLAG_IDS_I64;
 use std::sync::Arc;
@@ -42,6 +43,10 @@ impl Plan {
     /// holds it: only the first plan of a context pays the load.
     /// [`Plan::module_image`] says what was loaded.
     ///
+    /// With `opts.deterministic`, fails with [`crate::Error::NotImplemented`]
+    /// where the chosen path is not the Hopper fast path, and with
+    /// [`crate::Error::Shape`] beyond `kernels_gpu::det::MAX_SLOTS` slots.
+    ///
     /// Fails with [`crate::Error::UnsupportedDevice`] below compute
     /// capability 9.0, [`crate::Error::BackendUnavailable`] when
     /// `Backend::Blackwell` is forced where the tcgen05 kernels cannot run,
@@ -56,8 +61,18 @@ impl Plan {
         let (major, minor) = ctx.compute_capability()?;
         let sel = select(major, minor, &shape, opts.backend)?;
         let kind = PathKind::choose(&sel, &shape)?;
+        if opts.deterministic {
+            check_deterministic(kind, &shape)?;
+        }
         let module = crate::modules::get(ctx, sel.module)?;
-        let path = Path::new(ctx, &module, kind, &shape, (major, minor))?;
+        let path = Path::new(
+            ctx,
+            &module,
+            kind,
+            &shape,
+            (major, minor),
+            opts.deterministic,
+        )?;
         let cast = Cast::new(&module)?;
         Ok(Plan {
             shape,
@@ -65,7 +80,7 @@ impl Plan {
             ctx: ctx.clone(),
             path,
             cast,
-            kernels: kind.kernels(opts.d_index_k),
+            kernels: kind.kernels(&opts),
             module,
         })
     }
@@ -104,7 +119,9 @@ impl Plan {
     }
 
     /// Device workspace `execute` needs: the f32 accumulator of `d_index_k`
-    /// when that output is bf16, zero otherwise.
+    /// when that output is bf16, zero otherwise; in deterministic mode
+    /// (`Options::deterministic`) the fixed-point accumulator and its
+    /// tables (`kernels_gpu::abi::det_layout`) for either type.
     pub fn workspace_bytes(&self) -> usize {
         args::workspace_bytes(&self.shape, &self.opts)
     }
@@ -207,15 +224,39 @@ impl Plan {
         if ids_i64 {
             flags |= FLAG_IDS_I64;
         }
+        let det = opts.deterministic.then_some(DetOut {
+            d_index_k: ptrs.d_index_k,
+            bf16: opts.d_index_k == GradDtype::Bf16,
+        });
         let run = Run {
             stream,
             shape: s,
             params: launch::grad_params(ptrs, accum, s, opts, loss_coeff, flags),
             events,
-            cast: (ws_needed > 0).then_some((ptrs.workspace, ptrs.d_index_k)),
+            cast: (ws_needed > 0 && det.is_none()).then_some((ptrs.workspace, ptrs.d_index_k)),
+            det,
         };
         // SAFETY: forwarded from the caller; `path` and `cast` were loaded
         // for this shape in `new`.
         unsafe { launch::launch(&self.path, &self.cast, &run) }
     }
+}
+
+/// Deterministic mode runs where its kernels exist (the Hopper fast path)
+/// and up to `kernels_gpu::det::MAX_SLOTS` slots.
+fn check_deterministic(kind: PathKind, shape: &Shape) -> Result<()> {
+    if !matches!(kind, PathKind::Sm90 { .. }) {
+        return Err(Error::NotImplemented {
+            what: "deterministic mode outside the Hopper fast path (compute capability 9.0, \
+                   topk > 64)",
+        });
+    }
+    if shape.slots() as u64 > kernels_gpu::det::MAX_SLOTS {
+        return Err(Error::Shape {
+            name: "B*S_q*topk",
+            value: shape.slots(),
+            expected: "at most 2^30 slots in deterministic mode",
+        });
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::PtxModule;
-use crate::shape::{Backend, GradDtype, Shape};
+use crate::shape::{Backend, GradDtype, Options, Shape};
 use kernels_gpu::abi::SM100_DIM;
 use kernels_gpu::registry::{
     grad_kernel_name, sm100_stage2_kernel_name, CAST, SM100_HEADS, SM100_TOPKS, STAGE1,
@@ -212,8 +212,28 @@ impl PathKind {
     }
 
     /// Names of the kernels `execute` launches on this path, in launch
-    /// order: the path's own, then the cast when `d_index_k` is bf16.
-    pub(crate) fn kernels(self, d_index_k: GradDtype) -> Vec<&'static str> {
+    /// order: the path's own, then the cast when `d_index_k` is bf16; in
+    /// deterministic mode (Hopper fast path) stage 1, the passes, the
+    /// wgmma kernels' twins and the finish.
+    pub(crate) fn kernels(self, opts: &Options) -> Vec<&'static str> {
+        if let (true, PathKind::Sm90 { row, paired }) = (opts.deterministic, self) {
+            use kernels_gpu::registry::{
+                det_twin, DET_BOUNDS, DET_FINISH, DET_SCALES, SM90_WG_PAIR,
+            };
+            let twin = |name| det_twin(name).map_or(name, |k| k.name);
+            let mut kernels = vec![
+                row.stage1,
+                DET_BOUNDS.name,
+                DET_BOUNDS.name,
+                DET_SCALES.name,
+            ];
+            if paired {
+                kernels.push(twin(SM90_WG_PAIR.name));
+            }
+            kernels.extend([twin(row.kernel), DET_FINISH.name]);
+            return kernels;
+        }
+        let d_index_k = opts.d_index_k;
         let mut kernels = match self {
             PathKind::Rows { kernel } => vec![kernel],
             PathKind::Sm90 { row, paired: true } => vec![
@@ -258,6 +278,14 @@ pub fn check_shared_memory(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Default options with `d_index_k` of type `dk`.
+    fn dk_opts(dk: GradDtype) -> Options {
+        Options {
+            d_index_k: dk,
+            ..Options::default()
+        }
+    }
 
     fn shape(heads: usize, head_dim: usize, topk: usize) -> Shape {
         Shape {
@@ -572,14 +600,14 @@ mod tests {
                 let p = path(9, 0, &s, b);
                 assert_eq!(p, d64, "{s:?}");
                 assert_eq!(
-                    p.kernels(F32),
+                    p.kernels(&dk_opts(F32)),
                     [
                         kernels_gpu::registry::STAGE1_D64.name,
                         kernels_gpu::registry::SM90_WG_D64.name
                     ]
                 );
                 assert!(p
-                    .kernels(Bf16)
+                    .kernels(&dk_opts(Bf16))
                     .contains(&kernels_gpu::registry::SM90_WG_D64.name));
             }
         }
@@ -632,8 +660,8 @@ mod tests {
                 for b in [Backend::Auto, Backend::Hopper] {
                     let p = path(9, 0, &s, b);
                     assert_eq!(p, want, "{s:?}");
-                    assert_eq!(p.kernels(F32), [stage1, name]);
-                    assert!(p.kernels(Bf16).contains(&name));
+                    assert_eq!(p.kernels(&dk_opts(F32)), [stage1, name]);
+                    assert!(p.kernels(&dk_opts(Bf16)).contains(&name));
                 }
                 let counts = s.topk >= sm90::SKIP_MIN_TOPK as usize;
                 assert_eq!(crate::launch::sm90::row_chunks(&s), counts, "{s:?}");
@@ -708,14 +736,54 @@ mod tests {
             (PathKind::Sm100 { stage2: t }, &[STAGE1.name, t]),
         ];
         for (p, names) in cases {
-            assert_eq!(p.kernels(F32), names, "{p:?}");
+            assert_eq!(p.kernels(&dk_opts(F32)), names, "{p:?}");
             let mut with_cast = names.to_vec();
             with_cast.push(CAST.name);
-            assert_eq!(p.kernels(Bf16), with_cast, "{p:?}");
+            assert_eq!(p.kernels(&dk_opts(Bf16)), with_cast, "{p:?}");
         }
         assert_eq!(
-            path(10, 0, &both(), Backend::Blackwell).kernels(F32),
+            path(10, 0, &both(), Backend::Blackwell).kernels(&dk_opts(F32)),
             [STAGE1.name, t]
         );
+    }
+
+    #[test]
+    fn deterministic_mode_launches_the_passes_and_the_twins() {
+        use GradDtype::{Bf16, F32};
+        let row = sm90::wg_row(64, 128).unwrap();
+        let det = |dk| Options {
+            deterministic: true,
+            ..dk_opts(dk)
+        };
+        for dk in [F32, Bf16] {
+            // No cast: the finish writes either type.
+            assert_eq!(
+                PathKind::Sm90 { row, paired: true }.kernels(&det(dk)),
+                [
+                    STAGE1.name,
+                    "det_bounds",
+                    "det_bounds",
+                    "det_scales",
+                    "indexer_bwd_wg_pair_det_h64_d128",
+                    "indexer_bwd_wg_det_h64_d128",
+                    "det_finish",
+                ]
+            );
+        }
+        let h128 = sm90::wg_row(128, 64).unwrap();
+        assert_eq!(
+            PathKind::Sm90 {
+                row: h128,
+                paired: false
+            }
+            .kernels(&det(F32))[4],
+            "indexer_bwd_wg_det_h128_d64"
+        );
+        // Every wgmma kernel has its twin, in the registry and the module.
+        for k in kernels_gpu::registry::DET_BASES {
+            let twin = kernels_gpu::registry::det_twin(k.name).unwrap();
+            assert_eq!(kernels_gpu::registry::det_base(twin), Some(&k));
+            assert_eq!((twin.threads, twin.bounds), (k.threads, k.bounds));
+        }
     }
 }

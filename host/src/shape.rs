@@ -216,6 +216,14 @@ pub struct Options {
     /// Kernel path (default [`Backend::Auto`]: the tested kernels for the
     /// GPU; `Backend::Blackwell` opts in to the unexecuted tcgen05 path).
     pub backend: Backend,
+    /// Deterministic mode: every output bitwise the same from run to run
+    /// (`d_index_k` accumulated in fixed point, `kernels_gpu::det`; the
+    /// other outputs are reproducible in either mode). Runs on the Hopper
+    /// fast path (compute capability 9.0, `topk > 64`) and on the CPU;
+    /// elsewhere, and in dense mode, `Plan::new` returns
+    /// [`crate::Error::NotImplemented`]. Needs a workspace
+    /// ([`crate::Plan::workspace_bytes`]) whatever `d_index_k`'s type.
+    pub deterministic: bool,
 }
 
 impl Default for Options {
@@ -227,6 +235,7 @@ impl Default for Options {
             d_index_k: GradDtype::F32,
             d_weights: GradDtype::Bf16,
             backend: Backend::Auto,
+            deterministic: false,
         }
     }
 }

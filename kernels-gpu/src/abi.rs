@@ -277,6 +277,94 @@ pub struct CastParams {
     pub len: u64,
 }
 
+/// Parameters of the deterministic mode's kernels (`det`): the
+/// deterministic twins of the wgmma kernels and the passes around them.
+/// `grad` is the call's, with `dk_accum` pointing at the i32 fixed-point
+/// accumulator ([`DetLayout::acc`]) instead of an f32 one; the other
+/// pointers are the tables of [`DetLayout`] in the workspace and the
+/// output.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DetParams {
+    /// The gradient kernels' parameters.
+    pub grad: GradParams,
+    /// u64 per key row: the sum of its slots' quantized bounds.
+    pub key_sum: u64,
+    /// One u32: the largest slot bound's f32 bits (over the call).
+    pub bound_max: u64,
+    /// u32 per four elements of the accumulator: one byte of
+    /// non-finite flags (`det::POS_INF`, `NEG_INF`, `NAN`) per element.
+    pub specials: u64,
+    /// i32 per key row: the fixed-point exponent of its accumulator row.
+    pub key_exp: u64,
+    /// f32 per query row: the row's bound factor (`det::row_factor`).
+    pub row_bound: u64,
+    /// `d_index_k`, f32 or bf16 ([`DetParams::out_bf16`]) `(B, S_k, D)`,
+    /// 8-byte aligned: written by `det_finish` only.
+    pub d_index_k: u64,
+    /// `det_bounds`: 0 gathers the key rows' largest bound, 1 their sums.
+    pub phase: u32,
+    /// 1: `d_index_k` is bf16, 0: f32.
+    pub out_bf16: u32,
+    /// Head dimension D.
+    pub dim: u32,
+    /// Keeps the struct a multiple of 8 bytes.
+    pub _pad: u32,
+}
+
+/// Threads per CTA of the deterministic mode's passes (`det_bounds`: one
+/// query row per CTA; `det_scales`, `det_finish`: grid-stride).
+pub const DET_THREADS: u32 = 128;
+/// CTAs of the grid-stride passes (`det_scales`, `det_finish`) per SM.
+pub const DET_CTAS_PER_SM: u32 = 8;
+
+/// Byte offsets of the deterministic mode's tables in the workspace
+/// (each 16-byte aligned). Stage 1 zeroes `acc` (as it zeroes the f32
+/// accumulator of the default mode); `key_sum .. key_exp` is zeroed by a
+/// memset before the passes; `key_exp` and `row_bound` are written whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DetLayout {
+    /// i32 `(B*S_k, D)`: the fixed-point accumulator.
+    pub acc: u64,
+    /// u64 per key row.
+    pub key_sum: u64,
+    /// One u32.
+    pub bound_max: u64,
+    /// u8 per accumulator element.
+    pub specials: u64,
+    /// i32 per key row.
+    pub key_exp: u64,
+    /// f32 per query row.
+    pub row_bound: u64,
+    /// Total bytes.
+    pub bytes: u64,
+}
+
+/// [`DetLayout`] for `key_rows` (B*S_k) rows of `dim` elements and `rows`
+/// (B*S_q) query rows.
+pub const fn det_layout(key_rows: u64, rows: u64, dim: u64) -> DetLayout {
+    const fn up(x: u64) -> u64 {
+        x.div_ceil(16) * 16
+    }
+    let elems = key_rows * dim;
+    let acc = 0;
+    let key_sum = acc + up(4 * elems);
+    let bound_max = key_sum + up(8 * key_rows);
+    let specials = bound_max + 16;
+    let key_exp = specials + up(elems);
+    let row_bound = key_exp + up(4 * key_rows);
+    let bytes = row_bound + up(4 * rows);
+    DetLayout {
+        acc,
+        key_sum,
+        bound_max,
+        specials,
+        key_exp,
+        row_bound,
+        bytes,
+    }
+}
+
 /// Parameters of the toolchain smoke kernel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

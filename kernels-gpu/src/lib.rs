@@ -45,6 +45,7 @@ macro_rules! sm90a_modules {
 
 pub mod abi;
 pub mod dense_wg;
+pub mod det;
 pub mod forward;
 pub mod registry;
 pub mod sched;

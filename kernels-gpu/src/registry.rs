@@ -14,10 +14,11 @@
 //! This module uses only [`crate::abi`]; kernel modules may use it.
 
 use crate::abi::{
-    CastParams, CeilParams, DenseParams, DenseTileParams, FwdParams, GradParams, Sm100Params,
-    Sm100ProbeParams, Sm100SmokeParams, SmokeParams, CAST_THREADS, CEIL_BULK_THREADS,
-    DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, SM100_PROBE_THREADS, SM100_SMOKE_THREADS,
-    SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS, WATCHDOG_PROBE_THREADS,
+    CastParams, CeilParams, DenseParams, DenseTileParams, DetParams, FwdParams, GradParams,
+    Sm100Params, Sm100ProbeParams, Sm100SmokeParams, SmokeParams, CAST_THREADS, CEIL_BULK_THREADS,
+    DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, DET_THREADS, SM100_PROBE_THREADS,
+    SM100_SMOKE_THREADS, SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS,
+    WATCHDOG_PROBE_THREADS,
 };
 
 /// A PTX file `cargo xtask build-ptx` writes (`kernels-gpu/ptx/kernels_<target>.ptx`).
@@ -106,6 +107,8 @@ pub enum Param {
     DenseTile,
     /// [`FwdParams`].
     Fwd,
+    /// [`DetParams`].
+    Det,
 }
 
 impl Param {
@@ -124,6 +127,7 @@ impl Param {
             Param::Dense => size_of::<DenseParams>(),
             Param::DenseTile => size_of::<DenseTileParams>(),
             Param::Fwd => size_of::<FwdParams>(),
+            Param::Det => size_of::<DetParams>(),
         }
     }
 }
@@ -456,6 +460,88 @@ pub const SM90_WG_H128_D64: Kernel = k(
     Targets::SM90A,
 );
 
+/// The deterministic twin of wgmma kernel `of` (`det`): the same body,
+/// launch shape and bounds, reducing dK in fixed point; takes
+/// [`DetParams`].
+const fn det(name: &'static str, of: Kernel) -> Kernel {
+    Kernel {
+        name,
+        param: Param::Det,
+        ..of
+    }
+}
+
+/// The wgmma kernels' deterministic twins, in the order of
+/// [`DET_BASES`].
+pub const SM90_WG_DET: [Kernel; 9] = [
+    det("indexer_bwd_wg_det_h64_d128", SM90_WG),
+    det("indexer_bwd_wg_det_h64_d64", SM90_WG_D64),
+    det("indexer_bwd_wg_det_h32_d128", SM90_WG_H32),
+    det("indexer_bwd_wg_det_h16_d128", SM90_WG_H16),
+    det("indexer_bwd_wg_pair_det_h64_d128", SM90_WG_PAIR),
+    det("indexer_bwd_wg_det_h128_d128", SM90_WG_H128),
+    det("indexer_bwd_wg_det_h32_d64", SM90_WG_H32_D64),
+    det("indexer_bwd_wg_det_h16_d64", SM90_WG_H16_D64),
+    det("indexer_bwd_wg_det_h128_d64", SM90_WG_H128_D64),
+];
+
+/// The kernels of [`SM90_WG_DET`], twin by twin.
+pub const DET_BASES: [Kernel; 9] = [
+    SM90_WG,
+    SM90_WG_D64,
+    SM90_WG_H32,
+    SM90_WG_H16,
+    SM90_WG_PAIR,
+    SM90_WG_H128,
+    SM90_WG_H32_D64,
+    SM90_WG_H16_D64,
+    SM90_WG_H128_D64,
+];
+
+/// The deterministic twin of the wgmma kernel named `base`, if it has one.
+pub fn det_twin(base: &str) -> Option<&'static Kernel> {
+    let i = DET_BASES.iter().position(|k| k.name == base)?;
+    Some(&SM90_WG_DET[i])
+}
+
+/// The kernel whose deterministic twin is `twin`, if `twin` is one.
+pub fn det_base(twin: &Kernel) -> Option<&'static Kernel> {
+    let i = SM90_WG_DET.iter().position(|k| k == twin)?;
+    Some(&DET_BASES[i])
+}
+
+/// The deterministic mode's bound passes (`det`): one query row per CTA
+/// of [`DET_THREADS`], [`DET_SMEM`] bytes of dynamic shared memory.
+pub const DET_BOUNDS: Kernel = k(
+    "det_bounds",
+    Param::Det,
+    DET_THREADS,
+    Bounds::Max { min_ctas: 8 },
+    Targets::SM90A,
+);
+
+/// The deterministic mode's key-row exponents (`det`), grid-stride.
+pub const DET_SCALES: Kernel = k(
+    "det_scales",
+    Param::Det,
+    DET_THREADS,
+    Bounds::Max { min_ctas: 8 },
+    Targets::SM90A,
+);
+
+/// The deterministic mode's `d_index_k` from the fixed-point sums
+/// (`det`), grid-stride.
+pub const DET_FINISH: Kernel = k(
+    "det_finish",
+    Param::Det,
+    DET_THREADS,
+    Bounds::Max { min_ctas: 8 },
+    Targets::SM90A,
+);
+
+/// Dynamic shared memory of [`DET_BOUNDS`]: one f32 per warp.
+pub const DET_SMEM: u32 = DET_THREADS / 32 * 4;
+
 /// A forward kernel (`forward`): one CTA of one warpgroup per query row,
 /// always launched with exactly its 128 threads, `min_ctas` resident CTAs
 /// per SM (the layouts fit them: `forward::residency` for the wgmma
@@ -662,7 +748,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 56] = [
+pub const KERNELS: [Kernel; 68] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -719,6 +805,18 @@ pub const KERNELS: [Kernel; 56] = [
     FWD_ROWS[5],
     FWD_ROWS[6],
     FWD_ROWS[7],
+    SM90_WG_DET[0],
+    SM90_WG_DET[1],
+    SM90_WG_DET[2],
+    SM90_WG_DET[3],
+    SM90_WG_DET[4],
+    SM90_WG_DET[5],
+    SM90_WG_DET[6],
+    SM90_WG_DET[7],
+    SM90_WG_DET[8],
+    DET_BOUNDS,
+    DET_SCALES,
+    DET_FINISH,
 ];
 
 /// The entry named `name`, if any.

@@ -89,15 +89,17 @@ def _grad_loss_f32(grad_loss, number, device):
     return grad_loss.reshape(1).to(torch.float32).contiguous()
 
 
-def _plan(device, dims, opts):
+def _plan(device, dims, opts, deterministic=False):
     """``(plan, built)``: the cached native plan for (device ordinal, dims,
-    options), and whether this call built it."""
+    options, deterministic mode), and whether this call built it."""
 
     def build():
         sm_scale, key_ids, score, dk, dw, backend = opts
-        return _native.Plan(device, tuple(dims), sm_scale, key_ids, score, dk, dw, backend)
+        return _native.Plan(
+            device, tuple(dims), sm_scale, key_ids, score, dk, dw, backend, deterministic
+        )
 
-    return _plans.get_built((device, tuple(dims), opts), build)
+    return _plans.get_built((device, tuple(dims), opts, deterministic), build)
 
 
 def clear_plan_cache():
@@ -142,6 +144,7 @@ def indexer_backward(
     inplace=False,
     backend="auto",
     trust_ids=False,
+    deterministic=False,
 ):
     """Backward of the lightning indexer's KL loss (docs/spec.md of the repository).
 
@@ -161,6 +164,11 @@ def indexer_backward(
     with CPU tensors and on the first call of each plan with CUDA tensors
     (one synchronisation; skipped while a CUDA graph is being captured).
     ``trust_ids=True`` skips the check.
+    ``deterministic=True``: every output bitwise the same from run to run
+    (``d_index_k`` accumulated in fixed point; docs/architecture.md,
+    "Deterministic mode"); on CUDA tensors it runs on the Hopper fast path
+    only (compute capability 9.0, topk > 64), elsewhere it raises
+    ``NotImplementedError``; the CPU path is deterministic either way.
     ``grad_loss``: the gradient flowing into the loss, a one-element floating
     tensor on the same device (read on the device when the kernels run) or a
     number.
@@ -187,6 +195,8 @@ def indexer_backward(
     scalar, a shape outside the supported envelope) and ``RuntimeError``
     (unsupported GPU, driver errors).
     """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     tensors = (index_q, weights, index_k, attn_score, index_score, topk_indices)
     for name, t in zip(_NAMES[_checks.check_tensors], tensors):
         if not isinstance(t, torch.Tensor):
@@ -242,7 +252,7 @@ def indexer_backward(
         return out
 
     gl = _grad_loss_f32(grad_loss, number, device)
-    plan, fresh = _plan(where.index, dims, opts)
+    plan, fresh = _plan(where.index, dims, opts, deterministic)
     if fresh and not trust_ids and not torch.cuda.is_current_stream_capturing():
         _check_id_convention(ids, dims, key_ids)
     ws_bytes = plan.workspace_bytes

@@ -107,6 +107,7 @@ fn options(
         d_index_k: grad_dtype(d_index_k, "d_index_k")?,
         d_weights: grad_dtype(d_weights, "d_weights")?,
         backend,
+        deterministic: false,
     };
     opts.validate().map_err(py_err)?;
     Ok(opts)
@@ -154,7 +155,7 @@ struct PyPlan {
 impl PyPlan {
     /// Builds the plan on the primary context of CUDA device `device`.
     #[new]
-    #[pyo3(signature = (device, dims, sm_scale, key_ids, score, d_index_k, d_weights, backend="auto"))]
+    #[pyo3(signature = (device, dims, sm_scale, key_ids, score, d_index_k, d_weights, backend="auto", deterministic=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -166,15 +167,17 @@ impl PyPlan {
         d_index_k: &str,
         d_weights: &str,
         backend: &str,
+        deterministic: bool,
     ) -> PyResult<Self> {
         let shape = shape(dims)?;
-        let opts = options(sm_scale, key_ids, score, d_index_k, d_weights, backend)?;
+        let mut opts = options(sm_scale, key_ids, score, d_index_k, d_weights, backend)?;
+        opts.deterministic = deterministic;
         let plan = build_plan(py, device, |ctx| Plan::new(ctx, shape, opts))?;
         Ok(PyPlan { plan, device })
     }
 
     /// Device workspace bytes `execute` needs (f32 dK accumulator for a
-    /// bf16 `d_index_k`, else 0).
+    /// bf16 `d_index_k`, else 0; deterministic mode's tables with it).
     #[getter]
     fn workspace_bytes(&self) -> usize {
         self.plan.workspace_bytes()

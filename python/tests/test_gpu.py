@@ -156,6 +156,38 @@ class Gpu(unittest.TestCase):
             with self.subTest(case=repr(case)):
                 case.check(self, "cuda")
 
+    def test_deterministic_mode_repeats_itself_bit_for_bit(self):
+        # Keys shared by many rows (S_k small against S_q * topk), so the
+        # default mode's f32 scatter lands in varying orders; the
+        # deterministic mode's outputs stay equal bit for bit, on the
+        # current stream and on a side stream, and within the bounds.
+        for dk in (torch.float32, torch.bfloat16):
+            case = Case((2, 64, 40, 64, 128, 256), "local", torch.int64, dk, torch.float32, "probs")
+            with self.subTest(case=repr(case)):
+                x, first = case.check(self, "cuda", deterministic=True)
+                side = torch.cuda.Stream()
+                for run in range(3):
+                    stream = side if run == 2 else torch.cuda.current_stream()
+                    with torch.cuda.stream(stream):
+                        again = indexer_backward(
+                            *x, sm_scale=case.sm_scale, loss_coeff=case.loss_coeff,
+                            key_ids="local", d_index_k_dtype=dk,
+                            d_weights_dtype=torch.float32, deterministic=True)
+                    stream.synchronize()
+                    for name in BOUNDS:
+                        self.assertTrue(
+                            torch.equal(getattr(first, name).view(-1).view(torch.uint8),
+                                        getattr(again, name).view(-1).view(torch.uint8)),
+                            f"{case}: run {run}: {name} differs")
+
+    def test_deterministic_mode_where_it_does_not_run(self):
+        # topk <= 64: the mma.sync kernels, which have no deterministic twin.
+        x = make_problem((1, 8, 64, 64, 128, 64), "global", torch.int32, "probs", "cuda")
+        with self.assertRaisesRegex(NotImplementedError, "deterministic"):
+            indexer_backward(*x, deterministic=True)
+        with self.assertRaisesRegex(TypeError, "deterministic: expected a bool"):
+            indexer_backward(*x, deterministic=1)
+
     def test_continuous_values(self):
         dims = SHAPES[0]
         x = make_problem(dims, "global", torch.int32, "probs", "cuda", seed=3, grid=False)
@@ -358,6 +390,14 @@ class Cpu(unittest.TestCase):
         for kw in ({"sm_scale": True}, {"loss_coeff": True}):
             with self.subTest(**kw), self.assertRaisesRegex(TypeError, "expected a number, got bool"):
                 indexer_backward(*x, **kw)
+
+    def test_deterministic_cpu_path_repeats_itself(self):
+        case = Case((2, 6, 20, 16, 64, 12), "global", torch.int32, torch.float32, torch.float32,
+                    "probs")
+        x, a = case.check(self, "cpu", deterministic=True)
+        b = indexer_backward(*x, sm_scale=case.sm_scale, loss_coeff=case.loss_coeff,
+                             key_ids="global", d_weights_dtype=torch.float32, deterministic=True)
+        self.assertTrue(torch.equal(a.d_index_k, b.d_index_k))
 
     def test_inplace(self):
         x = make_problem((1, 4, 16, 16, 64, 8), "global", torch.int32, "probs", "cpu")

@@ -237,7 +237,9 @@ impl IdStats {
 /// bench's); for i64 ids, exact when their values fit in i32.
 pub fn paired_kernel_computes(kernels: &[&str], shape: &Shape, ids: &[i32]) -> bool {
     use kernels_gpu::sm90;
-    kernels.contains(&kernels_gpu::registry::SM90_WG_PAIR.name)
+    let pair = kernels_gpu::registry::SM90_WG_PAIR.name;
+    let twin = kernels_gpu::registry::det_twin(pair).map(|k| k.name);
+    kernels.iter().any(|&k| k == pair || Some(k) == twin)
         && sm90::ids_pair_up(ids, shape.rows() as u32, shape.topk as u32)
 }
 

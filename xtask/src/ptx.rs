@@ -508,6 +508,10 @@ fn dynamic_smem(kernel: &str) -> String {
         Param::Tag => kernels_gpu::abi::WATCHDOG_PROBE_SMEM,
         Param::Dense => kernels_gpu::abi::DENSE_STAGE1_SMEM,
         Param::DenseTile => kernels_gpu::dense_wg::SMEM.bytes,
+        Param::Det => match registry::det_base(k) {
+            Some(base) => return dynamic_smem(base.name),
+            None => registry::DET_SMEM,
+        },
         Param::Grad if *k == registry::STAGE1 || *k == registry::STAGE1_D64 => {
             kernels_gpu::abi::STAGE1_SMEM
         }

@@ -177,7 +177,7 @@ impl DenseGpu {
                 }
             }
             Some((row, paired)) => {
-                let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired)?;
+                let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired, false)?;
                 Stage2::Sparse {
                     wgmma,
                     row_chunks: sm90_path::row_chunks(&sparse),

@@ -89,6 +89,11 @@ impl Plan {
     pub fn new(ctx: &Arc<CudaContext>, shape: Shape, opts: Options) -> Result<Plan> {
         shape.validate()?;
         opts.validate()?;
+        if opts.deterministic {
+            return Err(Error::NotImplemented {
+                what: "deterministic mode in dense mode",
+            });
+        }
         let gpu = DenseGpu::new(ctx, &shape)?;
         Ok(Plan {
             shape,

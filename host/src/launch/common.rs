@@ -24,6 +24,18 @@ pub(crate) struct Run<'a> {
     pub events: Option<&'a StageEvents>,
     /// `(f32 accumulator, bf16 d_index_k)` when `d_index_k` is bf16.
     pub cast: Option<(u64, u64)>,
+    /// Deterministic mode's output (`params.dk_accum` is then the start
+    /// of its workspace).
+    pub det: Option<DetOut>,
+}
+
+/// Where deterministic mode's last pass writes `d_index_k`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DetOut {
+    /// The checked `d_index_k`.
+    pub d_index_k: u64,
+    /// Whether it is bf16 (else f32).
+    pub bf16: bool,
 }
 
 impl Run<'_> {

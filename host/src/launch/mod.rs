@@ -30,7 +30,7 @@ pub(crate) mod rows;
 pub(crate) mod sm100;
 pub(crate) mod sm90;
 
-pub(crate) use common::Run;
+pub(crate) use common::{DetOut, Run};
 
 use crate::args::Ptrs;
 use crate::error::Result;
@@ -58,21 +58,29 @@ pub(crate) enum Path {
 
 impl Path {
     /// Loads and configures the kernels of `kind` from `module` (the module
-    /// of a GPU of compute capability `cc`) for `shape`.
+    /// of a GPU of compute capability `cc`) for `shape`; `deterministic`
+    /// (the Hopper fast path only: `Plan::new` refuses it elsewhere) also
+    /// loads the deterministic mode's kernels.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
         module: &Loaded,
         kind: PathKind,
         shape: &Shape,
         cc: (i32, i32),
+        deterministic: bool,
     ) -> Result<Path> {
         Ok(match kind {
             PathKind::Rows { kernel } => {
                 Path::Rows(rows::RowKernel::new(ctx, module, kernel, shape, cc)?)
             }
-            PathKind::Sm90 { row, paired } => {
-                Path::Sm90(sm90::Wgmma::new(ctx, module, shape, row, paired)?)
-            }
+            PathKind::Sm90 { row, paired } => Path::Sm90(sm90::Wgmma::new(
+                ctx,
+                module,
+                shape,
+                row,
+                paired,
+                deterministic,
+            )?),
             PathKind::Sm100 { stage2 } => {
                 Path::Sm100(sm100::Sm100Kernels::new(ctx, module, shape, stage2)?)
             }

@@ -14,13 +14,16 @@
 //! kernel: a test on the ids inside both picks the one that computes, the
 //! other exits at once (`FLAG_PAIR_DISPATCH`).
 
-use super::common::{launch_stage1, Run};
+use super::common::{launch_stage1, DetOut, Run};
 use crate::error::Result;
 use crate::gpu;
 use crate::modules::Loaded;
 use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
-use kernels_gpu::abi::{GradParams, FLAG_PAIR_DISPATCH};
+use kernels_gpu::abi::{
+    det_layout, DetParams, GradParams, DET_CTAS_PER_SM, DET_THREADS, FLAG_PAIR_DISPATCH,
+};
+use kernels_gpu::registry::{self, DET_BOUNDS, DET_FINISH, DET_SCALES, DET_SMEM};
 use kernels_gpu::sm90;
 use std::sync::Arc;
 
@@ -46,19 +49,37 @@ pub(crate) struct Wgmma {
     grid: u32,
     /// The paired kernel and its grid, with an even number of rows.
     pair: Option<(CudaFunction, u32)>,
+    /// The deterministic mode's kernels, when the plan asks for it.
+    det: Option<DetKernels>,
+}
+
+/// The deterministic mode's kernels (`kernels_gpu::det`): its passes and
+/// the deterministic twins of the plan's wgmma kernels.
+pub(crate) struct DetKernels {
+    bounds: CudaFunction,
+    scales: CudaFunction,
+    finish: CudaFunction,
+    /// The twin of `Wgmma::row`.
+    row: CudaFunction,
+    /// The twin of the paired kernel, when the plan launches it.
+    pair: Option<CudaFunction>,
+    /// CTAs of the grid-stride passes.
+    stride_grid: u32,
 }
 
 impl Wgmma {
     /// Loads stage 1 and the wgmma row kernel of `wg` (the shape's head
     /// dimension) and, when `paired` (D = 128 only), the paired
     /// kernel, sizes their persistent grids to the GPU's SMs, and raises
-    /// their shared-memory limits.
+    /// their shared-memory limits; with `deterministic`, also the
+    /// deterministic mode's passes and twins.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
         module: &Loaded,
         shape: &Shape,
         wg: sm90::WgRow,
         paired: bool,
+        deterministic: bool,
     ) -> Result<Wgmma> {
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -73,6 +94,28 @@ impl Wgmma {
         };
         let row = module.kernel_with_smem(wg.kernel, wg.bytes)?;
         let stage1 = module.kernel(wg.stage1)?;
+        let det = if deterministic {
+            let twin = |base: &str, bytes: u32| -> Result<CudaFunction> {
+                // Every wgmma kernel has a twin (`registry::SM90_WG_DET`).
+                let k = registry::det_twin(base).ok_or(crate::Error::NotImplemented {
+                    what: "deterministic mode for this wgmma kernel",
+                })?;
+                module.kernel_with_smem(k.name, bytes)
+            };
+            Some(DetKernels {
+                bounds: module.kernel(DET_BOUNDS.name)?,
+                scales: module.kernel(DET_SCALES.name)?,
+                finish: module.kernel(DET_FINISH.name)?,
+                row: twin(wg.kernel, wg.bytes)?,
+                pair: match pair {
+                    Some(_) => Some(twin(registry::SM90_WG_PAIR.name, sm90::PAIR.bytes)?),
+                    None => None,
+                },
+                stride_grid: sms * DET_CTAS_PER_SM,
+            })
+        } else {
+            None
+        };
         Ok(Wgmma {
             stage1,
             row,
@@ -80,6 +123,7 @@ impl Wgmma {
             row_smem: wg.bytes,
             grid: wg.grid(rows, sms),
             pair,
+            det,
         })
     }
 
@@ -89,6 +133,10 @@ impl Wgmma {
     /// # Safety
     /// `run.params` passed `args::check` for this plan's shape.
     pub(crate) unsafe fn launch(&self, run: &Run<'_>) -> Result<()> {
+        if let (Some(det), Some(out)) = (&self.det, run.det) {
+            // SAFETY: forwarded.
+            return unsafe { self.launch_det(run, det, out) };
+        }
         // SAFETY: `run.params` checked for the shape; stage 1's contract is
         // kept by `launch_stage1` (it is the one of the row kernel's D: it
         // zeroes `B*S_k*D`); stage 2's by `launch_stage2`.
@@ -107,23 +155,45 @@ impl Wgmma {
     /// `p` holds checked addresses for this plan's shape, and the previous
     /// launch on `stream` is a stage 1 for them (grad_signal, zeroed
     /// accumulator, chunk counts when `p.flags` asks for them).
-    pub(crate) unsafe fn launch_stage2(
+    pub(crate) unsafe fn launch_stage2(&self, stream: &CudaStream, p: GradParams) -> Result<()> {
+        let pair = self.pair.as_ref().map(|(f, g)| (f, *g));
+        // SAFETY: forwarded; the row and paired kernels take `GradParams`.
+        unsafe {
+            self.launch_pair_then_row(stream, pair, &self.row, p, |p| {
+                p.flags |= FLAG_PAIR_DISPATCH
+            })
+        }
+    }
+
+    /// The paired kernel `pair` (with its grid) when there is one, then the
+    /// row kernel `row`, both as programmatic dependents, on parameters
+    /// `p`; `dispatch` sets `FLAG_PAIR_DISPATCH` in `p` for the row kernel
+    /// after a paired one.
+    ///
+    /// # Safety
+    /// `pair` and `row` are this plan's paired and row kernels (or their
+    /// deterministic twins), taking a `P`; as [`Wgmma::launch_stage2`].
+    unsafe fn launch_pair_then_row<P>(
         &self,
         stream: &CudaStream,
-        mut p: GradParams,
+        pair: Option<(&CudaFunction, u32)>,
+        row: &CudaFunction,
+        mut p: P,
+        dispatch: impl Fn(&mut P),
     ) -> Result<()> {
         // SAFETY: the paired kernel runs `sm90::PAIR`'s CTAs on `pair`'s
         // grid, the row kernel `row_threads` on `grid` with `row_smem`
         // bytes, its `WgRow`'s (limits raised in `new`). Both are
         // programmatic dependents: each executes griddepcontrol.wait before
-        // it reads what stage 1 writes, and the paired kernel exits only
-        // after that wait, so the row kernel's wait also covers stage 1.
+        // it reads what the launch before them writes, and the paired
+        // kernel exits only after that wait, so the row kernel's wait also
+        // covers it.
         unsafe {
-            if let Some((pair_fn, pair_grid)) = &self.pair {
+            if let Some((pair_fn, pair_grid)) = pair {
                 gpu::launch_pdl(
                     stream,
                     pair_fn,
-                    *pair_grid,
+                    pair_grid,
                     sm90::PAIR.threads,
                     sm90::PAIR.bytes,
                     &p,
@@ -131,16 +201,81 @@ impl Wgmma {
                 // Tells the row kernel that the paired kernel ran: it
                 // repeats the dispatch test and exits at once where the
                 // paired kernel computes.
-                p.flags |= FLAG_PAIR_DISPATCH;
+                dispatch(&mut p);
             }
-            gpu::launch_pdl(
-                stream,
-                &self.row,
-                self.grid,
-                self.row_threads,
-                self.row_smem,
-                &p,
-            )
+            gpu::launch_pdl(stream, row, self.grid, self.row_threads, self.row_smem, &p)
         }
+    }
+
+    /// Deterministic mode (`kernels_gpu::det`, whose note gives the
+    /// order): the memset of the key tables, stage 1 (`zeroed` mark; it
+    /// zeroes the i32 accumulator at `run.params.dk_accum`), both phases
+    /// of the bounds, the exponents, the twins of the wgmma kernels, and
+    /// the finish into `out` (`gradients` mark).
+    ///
+    /// # Safety
+    /// As [`Wgmma::launch`]; `run.params.dk_accum` is the start of a
+    /// workspace of `det_layout`'s bytes for the shape, `out` the checked
+    /// `d_index_k`.
+    unsafe fn launch_det(&self, run: &Run<'_>, det: &DetKernels, out: DetOut) -> Result<()> {
+        let s = run.shape;
+        let l = det_layout(
+            (s.batch * s.seq_k) as u64,
+            s.rows() as u64,
+            s.head_dim as u64,
+        );
+        let ws = run.params.dk_accum;
+        let mut dp = DetParams {
+            grad: run.params,
+            key_sum: ws + l.key_sum,
+            bound_max: ws + l.bound_max,
+            specials: ws + l.specials,
+            key_exp: ws + l.key_exp,
+            row_bound: ws + l.row_bound,
+            d_index_k: out.d_index_k,
+            phase: 0,
+            out_bf16: out.bf16 as u32,
+            dim: s.head_dim as u32,
+            _pad: 0,
+        };
+        let rows = s.rows() as u32;
+        // SAFETY: the workspace holds `l.bytes` (checked); every pass's
+        // launch contract (`kernels_gpu::det`): `det_bounds` one CTA of
+        // DET_THREADS per row with DET_SMEM bytes, the grid-stride passes
+        // any grid of DET_THREADS; ordinary launches, each after the one
+        // before; the twins as the wgmma kernels (`launch_pair_then_row`).
+        unsafe {
+            gpu::memset_zero(run.stream, ws + l.key_sum, (l.key_exp - l.key_sum) as usize)?;
+            launch_stage1(run.stream, &self.stage1, s, &run.params)?;
+            run.mark(|e| &e.zeroed)?;
+            gpu::launch(run.stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
+            dp.phase = 1;
+            gpu::launch(run.stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
+            gpu::launch(
+                run.stream,
+                &det.scales,
+                det.stride_grid,
+                DET_THREADS,
+                0,
+                &dp,
+            )?;
+            let pair = det
+                .pair
+                .as_ref()
+                .zip(self.pair.as_ref())
+                .map(|(f, (_, g))| (f, *g));
+            self.launch_pair_then_row(run.stream, pair, &det.row, dp, |p| {
+                p.grad.flags |= FLAG_PAIR_DISPATCH
+            })?;
+            gpu::launch(
+                run.stream,
+                &det.finish,
+                det.stride_grid,
+                DET_THREADS,
+                0,
+                &dp,
+            )?;
+        }
+        run.mark(|e| &e.gradients)
     }
 }

@@ -80,6 +80,60 @@ pub unsafe fn red_add_v2_f32(p: *mut f32, v: [f32; 2]) {
     }
 }
 
+/// `red.global.add.s32`: atomic integer add without a return value
+/// (integer addition is associative, so the final sum does not depend on
+/// the order the additions land in).
+///
+/// # Safety
+/// `p` must be a 4-byte aligned i32 in global memory, valid for writes.
+#[inline(always)]
+pub unsafe fn red_add_s32(p: *mut i32, v: i32) {
+    // SAFETY: the caller guarantees a valid, aligned global address; the
+    // reduction is atomic, so concurrent adds from other threads are fine.
+    unsafe {
+        asm!("red.global.add.s32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    }
+}
+
+/// `red.global.add.u64`: atomic 64-bit integer add without a return value.
+///
+/// # Safety
+/// `p` must be an 8-byte aligned u64 in global memory, valid for writes.
+#[inline(always)]
+pub unsafe fn red_add_u64(p: *mut u64, v: u64) {
+    // SAFETY: the caller guarantees a valid, aligned global address; the
+    // reduction is atomic.
+    unsafe {
+        asm!("red.global.add.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
+    }
+}
+
+/// `red.global.max.u32`: atomic unsigned maximum without a return value.
+///
+/// # Safety
+/// `p` must be a 4-byte aligned u32 in global memory, valid for writes.
+#[inline(always)]
+pub unsafe fn red_max_u32(p: *mut u32, v: u32) {
+    // SAFETY: the caller guarantees a valid, aligned global address; the
+    // reduction is atomic.
+    unsafe {
+        asm!("red.global.max.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    }
+}
+
+/// `red.global.or.b32`: atomic bitwise or without a return value.
+///
+/// # Safety
+/// `p` must be a 4-byte aligned u32 in global memory, valid for writes.
+#[inline(always)]
+pub unsafe fn red_or_b32(p: *mut u32, v: u32) {
+    // SAFETY: the caller guarantees a valid, aligned global address; the
+    // reduction is atomic.
+    unsafe {
+        asm!("red.global.or.b32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    }
+}
+
 /// `ld.global.f32`, kept where it is written: not `pure`, so the compiler
 /// neither sinks it into the branch that uses it nor merges it away, and a
 /// run of these issues back to back (memory-level parallelism).

@@ -111,6 +111,28 @@ pub unsafe fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
     r
 }
 
+/// `shfl.sync.idx.b32` over the full warp: the value of lane `src`
+/// (each lane its own `src`).
+///
+/// # Safety
+/// All 32 lanes of the warp must execute the call.
+#[inline(always)]
+pub unsafe fn shfl_idx_f32(v: f32, src: u32) -> f32 {
+    let r: f32;
+    // SAFETY: full-warp participation is guaranteed by the caller.
+    unsafe {
+        asm!(
+            "shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
+            r = out(reg32) r,
+            v = in(reg32) v,
+            s = in(reg32) src,
+            // Not `pure`: see `shfl_xor_f32`.
+            options(nomem, nostack),
+        )
+    }
+    r
+}
+
 /// Inclusive prefix sum of `v` over the lanes (lane `l` gets the sum of
 /// lanes `0..=l`), by `shfl.sync.up.b32` steps.
 ///

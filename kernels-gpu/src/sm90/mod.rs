@@ -100,7 +100,7 @@ macro_rules! d64_sizes {
 /// `FLAG_PAIR_DISPATCH` only for H = 64, D = 128), then `wg::stage2`.
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 macro_rules! row_entry {
-    ($(#[$doc:meta])* $name:ident) => {
+    ($(#[$doc:meta])* $name:ident, $det:ident) => {
         $(#[$doc])*
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::GradParams) {
@@ -108,7 +108,21 @@ macro_rules! row_entry {
             // test.
             unsafe {
                 let go = pair::dispatch::<false>(&p);
-                wg::stage2::<false, 0>(&p, go)
+                wg::stage2::<false, 0, false>(&p, crate::det::DetTables::NONE, go)
+            }
+        }
+
+        /// The deterministic twin of the entry above (`crate::det`).
+        ///
+        /// # Safety
+        /// As the entry above on `p.grad`, after `det_scales` of `p`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $det(p: crate::abi::DetParams) {
+            // SAFETY: forwarded launch contract; the whole CTA runs the
+            // test.
+            unsafe {
+                let go = pair::dispatch::<false>(&p.grad);
+                wg::stage2::<false, 0, true>(&p.grad, crate::det::DetTables::of(&p), go)
             }
         }
     };
@@ -120,7 +134,7 @@ macro_rules! row_entry {
 /// `wg::stage2` with `PAIRED` on its 64 heads of the same rows.
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
 macro_rules! halves_entry {
-    ($(#[$doc:meta])* $name:ident) => {
+    ($(#[$doc:meta])* $name:ident, $det:ident) => {
         $(#[$doc])*
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::GradParams) {
@@ -128,10 +142,30 @@ macro_rules! halves_entry {
             // test before the halves split.
             unsafe {
                 let go = pair::dispatch::<false>(&p);
+                let none = crate::det::DetTables::NONE;
                 if crate::ptx::sreg::thread_idx_x() < THREADS {
-                    wg::stage2::<true, 0>(&p, go)
+                    wg::stage2::<true, 0, false>(&p, none, go)
                 } else {
-                    wg::stage2::<true, 1>(&p, go)
+                    wg::stage2::<true, 1, false>(&p, none, go)
+                }
+            }
+        }
+
+        /// The deterministic twin of the entry above (`crate::det`).
+        ///
+        /// # Safety
+        /// As the entry above on `p.grad`, after `det_scales` of `p`.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $det(p: crate::abi::DetParams) {
+            // SAFETY: forwarded launch contract; the whole CTA runs the
+            // test before the halves split.
+            unsafe {
+                let go = pair::dispatch::<false>(&p.grad);
+                let det = crate::det::DetTables::of(&p);
+                if crate::ptx::sreg::thread_idx_x() < THREADS {
+                    wg::stage2::<true, 0, true>(&p.grad, det, go)
+                } else {
+                    wg::stage2::<true, 1, true>(&p.grad, det, go)
                 }
             }
         }

@@ -12,8 +12,9 @@
 
 use super::ctx::{Ctx, HEAD_HALVES};
 use super::{CHUNK, DIM, DK_STRIDE, SMEM, SPLIT, THREADS};
+use crate::det::{self, DetTables};
 use crate::ptx::smem::{self, SmemAddr};
-use crate::ptx::{global, sreg};
+use crate::ptx::{global, sreg, sync};
 
 const WARPS: u32 = THREADS / 32;
 /// Staged dK rows each warp reduces per chunk (a power of two: the XOR in
@@ -96,11 +97,18 @@ pub(super) unsafe fn stage<const PAIRED: bool, const HALF: u32>(
 /// halves): its staging holds the sum, and each half reduces its groups of
 /// four slots from it.
 ///
+/// `DET`: the deterministic twin's reductions ([`det_row`]) instead of
+/// the f32 ones, into the fixed-point accumulator of `det`'s tables, with
+/// the scales of the staged rows' key rows in lanes `0..ROWS_PER_WARP` of
+/// `scales` ([`lane_scale`] of the item's slot set).
+///
 /// Called by whole warps (every thread of the half) after barrier M: the
 /// staged rows and their key rows (of both halves in the paired kernel)
 /// are complete, and rewritten only after the next B2.
-pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
+pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
     c: &Ctx<'_, PAIRED, HALF>,
+    det: DetTables,
+    scales: f32,
     lo: u32,
     hi: u32,
     fused: Option<u32>,
@@ -136,14 +144,26 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
         let mut i = lo;
         while i < hi {
             let slot = slot_at(i + sub);
+            // SAFETY: the whole warp (`i` is warp-uniform), before the
+            // lane-dependent branch below.
+            let scale = if DET {
+                unsafe { sync::shfl_idx_f32(scales, i + sub) }
+            } else {
+                0.0
+            };
             // SAFETY: as below: the staged row and its key row are
             // complete (barrier M); a valid key row lies inside the
             // (B*S_k, D) accumulator, 16-byte aligned.
             unsafe {
                 let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
                 if r >= 0 {
-                    let v = smem::ld_v4_f32(sdk.add(slot * DK_STRIDE + col * 16));
-                    global::red_add_v4_f32(dk.add(r as usize * D + col as usize * 4), v);
+                    if DET {
+                        let src = sdk.add(slot * DK_STRIDE);
+                        det_row::<16>(det, dk, src, None, r as usize, col, scale);
+                    } else {
+                        let v = smem::ld_v4_f32(sdk.add(slot * DK_STRIDE + col * 16));
+                        global::red_add_v4_f32(dk.add(r as usize * D + col as usize * 4), v);
+                    }
                 }
             }
             i += 2;
@@ -186,22 +206,40 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
     // latency of those loads is not paid in front of every reduction.
     // The row kernel loads them in place: there the same change was
     // slower.
+    // The deterministic paired kernel (not H = 128) loads each row's
+    // scale with its key rows, one slot ahead (`lane_scales`).
+    let fetch = |i: u32| -> (i32, i32, f32) {
+        let (r, pr) = key_rows(i);
+        let s = if DET && !lane_scales(PAIRED) && r >= 0 {
+            // SAFETY: a valid key row is a row of the exponent table.
+            unsafe { det::row_scale(det, r as usize) }
+        } else {
+            0.0
+        };
+        (r, pr, s)
+    };
     let mut next = if PAIRED && lo < hi {
-        key_rows(lo)
+        fetch(lo)
     } else {
-        (-1, -1)
+        (-1, -1, 0.0)
     };
     for i in lo..hi {
-        let (r, pr) = if PAIRED {
+        let (r, pr, loaded) = if PAIRED {
             let cur = next;
             if i + 1 < hi {
-                next = key_rows(i + 1);
+                next = fetch(i + 1);
             }
             cur
         } else {
-            key_rows(i)
+            fetch(i)
         };
         let slot = slot_at(i);
+        // SAFETY: the whole warp (`i` is warp-uniform).
+        let scale = if DET && lane_scales(PAIRED) {
+            unsafe { sync::shfl_idx_f32(scales, i) }
+        } else {
+            loaded
+        };
         // SAFETY: the staged row and its key row are complete (barrier
         // M, of both halves in the paired kernel); a valid key row lies
         // inside the (B*S_k, D) accumulator, 16-byte aligned
@@ -210,8 +248,13 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
             if let Some(comp) = fused {
                 if r >= 0 && fused_reducer(fused, slot, half) {
                     let cdk = c.half_base(comp).add(l.dk);
-                    let v = smem::ld_v4_f32(cdk.add(slot * DK_STRIDE + lane * 16));
-                    global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
+                    if DET {
+                        let src = cdk.add(slot * DK_STRIDE);
+                        det_row::<32>(det, dk, src, None, r as usize, lane, scale);
+                    } else {
+                        let v = smem::ld_v4_f32(cdk.add(slot * DK_STRIDE + lane * 16));
+                        global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
+                    }
                 }
                 continue;
             }
@@ -220,7 +263,11 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
             // slots, so every warp does half of them) reduces the sum of
             // both staged rows and the other skips it.
             let shared = PAIRED && r == pr;
-            if r >= 0 && (!shared || (slot / 4) % 2 == half) {
+            if DET && r >= 0 && (!shared || (slot / 4) % 2 == half) {
+                let other = shared.then(|| pbase.add(l.dk).add(slot * DK_STRIDE));
+                let src = sdk.add(slot * DK_STRIDE);
+                det_row::<32>(det, dk, src, other, r as usize, lane, scale);
+            } else if r >= 0 && (!shared || (slot / 4) % 2 == half) {
                 let at = slot * DK_STRIDE + lane * 16;
                 let mut v = smem::ld_v4_f32(sdk.add(at));
                 if shared {
@@ -229,6 +276,82 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32>(
                 }
                 global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
             }
+        }
+    }
+}
+
+/// The deterministic twin's reduction of one staged dK row (plus the
+/// other half's staging of the same slot, `other`, where both rows select
+/// the key) into key row `r` (of scale `scale`) of the fixed-point
+/// accumulator at `dk`:
+/// element `l + LANES j` (`j < 4`) by this thread, `LANES` threads a row
+/// (a warp for D = 128, a half-warp for D = 64), so each warp
+/// instruction adds `4 LANES` contiguous bytes per row, as many bytes
+/// per row as the f32 vector reductions.
+///
+/// # Safety
+/// As the reductions of [`reduce_rows`]; `r` a valid key row, `det` the
+/// call's tables (after `det_scales`).
+#[inline(always)]
+unsafe fn det_row<const LANES: u32>(
+    det: DetTables,
+    dk: *mut f32,
+    src: SmemAddr,
+    other: Option<SmemAddr>,
+    r: usize,
+    l: u32,
+    scale: f32,
+) {
+    const _: () = assert!(DIM == 128 || DIM == 64);
+    // SAFETY: the caller's contract; the staged row holds DIM f32.
+    unsafe {
+        for j in 0..4u32 {
+            let d = l + LANES * j;
+            let mut v = smem::ld_f32(src.add(4 * d));
+            if let Some(o) = other {
+                v += smem::ld_f32(o.add(4 * d));
+            }
+            det::add(det, dk as *mut i32, r * DIM as usize + d as usize, v, scale);
+        }
+    }
+}
+
+/// Whether the deterministic twin keeps its rows' scales in lanes
+/// ([`lane_scale`], one register for the whole item): every kernel but
+/// the paired one (two rows per CTA, not H = 128), whose registers are at
+/// its cap; it loads each row's scale in [`reduce_rows`] with its key
+/// rows, one slot ahead.
+pub(super) const fn lane_scales(paired: bool) -> bool {
+    !paired || HEAD_HALVES
+}
+
+/// The deterministic twin's scale for this lane: lane `j` (of the first
+/// [`ROWS_PER_WARP`]; the others repeat them) holds the scale of the key
+/// row of staged row `j` of this warp (slot `warp * ROWS_PER_WARP + (j ^
+/// cta % ROWS_PER_WARP)`, as [`reduce_rows`] walks them) in slot set
+/// `srows`, 0 for padding. Loaded at the start of the item, long before
+/// its reductions, so that the load's latency is not paid in front of
+/// them; [`reduce_rows`] takes each row's from its lane.
+///
+/// # Safety
+/// `srows` is the item's slot set (complete: read after the barrier that
+/// follows its writes), `det` the call's tables, after `det_scales`.
+#[inline(always)]
+pub(super) unsafe fn lane_scale<const PAIRED: bool, const HALF: u32>(
+    c: &Ctx<'_, PAIRED, HALF>,
+    srows: SmemAddr,
+    det: DetTables,
+) -> f32 {
+    let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
+    let slot = c.warp * ROWS_PER_WARP + ((c.lane % ROWS_PER_WARP) ^ x);
+    // SAFETY: the caller's contract; a valid key row is a row of the
+    // exponent table.
+    unsafe {
+        let r = smem::ld_u32(srows.add(4 * slot)) as i32;
+        if r >= 0 {
+            det::row_scale(det, r as usize)
+        } else {
+            0.0
         }
     }
 }

@@ -73,10 +73,11 @@ use super::gate::{gate, wait_s_and_inputs};
 use super::load::{fetch, first_id, gather, load_count, load_row, put_row, raw_id};
 use super::mma::{dk, dq, issue_s, wait_s};
 use super::pair::{read_votes, vote};
-use super::reduce::{reduce_rows, stage, RED_NOW, ROWS_PER_WARP};
+use super::reduce::{lane_scale, lane_scales, reduce_rows, stage, RED_NOW, ROWS_PER_WARP};
 use super::row_end::{store_dq_park_dw, sum_dw};
 use super::{Pos, Walk, CHUNK, K_BYTES, SMEM};
 use crate::abi::GradParams;
+use crate::det::DetTables;
 use crate::ptx::smem;
 use crate::ptx::{bulk, cp_async, griddep};
 use crate::sched::PipeState;
@@ -99,6 +100,10 @@ struct State {
     pipe: PipeState<2>,
     /// `fused` of the previous item.
     fused_prev: Option<u32>,
+    /// Deterministic twin: this lane's key-row scale (`reduce::lane_scale`)
+    /// of the item whose reductions are pending (the previous one until
+    /// its last reductions, then the current one).
+    scale: f32,
 }
 
 /// The kernel body.
@@ -129,8 +134,16 @@ struct State {
 ///
 /// `go`: whether this kernel computes (the verdict of `pair::dispatch`); a
 /// CTA of the kernel the test did not pick has no rows.
+///
+/// `DET`: the deterministic twin (`det`: the call's tables; `p.dk_accum`
+/// the fixed-point accumulator), which reduces dK through
+/// `reduce::det_row`.
 #[inline(always)]
-pub(super) unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams, go: bool) {
+pub(super) unsafe fn stage2<const PAIRED: bool, const HALF: u32, const DET: bool>(
+    p: &GradParams,
+    det: DetTables,
+    go: bool,
+) {
     // Items: this CTA's rows x their chunks, in order (`Pos`). Each row
     // runs `row_chunks` chunks: with FLAG_ROW_CHUNKS the stage-1 count
     // (trailing all-padding chunks, whose gradients are exactly zero, are
@@ -172,11 +185,11 @@ pub(super) unsafe fn stage2<const PAIRED: bool, const HALF: u32>(p: &GradParams,
     let mut st = unsafe { prologue(&c) };
     while st.walk.k < c.my_rows {
         // SAFETY: the launch contract; the halves walk the same items.
-        unsafe { item(&c, &mut st) };
+        unsafe { item::<PAIRED, HALF, DET>(&c, &mut st, det) };
     }
     // The last item's remaining reductions.
     if RED_NOW < ROWS_PER_WARP {
-        reduce_rows(&c, RED_NOW, ROWS_PER_WARP, st.fused_prev);
+        reduce_rows::<PAIRED, HALF, DET>(&c, det, st.scale, RED_NOW, ROWS_PER_WARP, st.fused_prev);
     }
     // SAFETY: whole warpgroup; drains the unused S issued by the last item.
     unsafe { wait_s(&mut st.s) };
@@ -245,6 +258,7 @@ unsafe fn prologue<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF
         dw: [0.0; 2],
         pipe: PipeState::new(),
         fused_prev: None,
+        scale: 0.0,
     }
 }
 
@@ -256,7 +270,11 @@ unsafe fn prologue<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF
 /// The kernel's launch contract; every thread of the half (both halves in
 /// the paired kernel, which walk the same items) runs it.
 #[rustc_force_inline]
-unsafe fn item<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF>, st: &mut State) {
+unsafe fn item<const PAIRED: bool, const HALF: u32, const DET: bool>(
+    c: &Ctx<'_, PAIRED, HALF>,
+    st: &mut State,
+    det: DetTables,
+) {
     let (tid, half) = (c.tid, HALF);
     let it = st.pipe.count;
     let set = st.pipe.index();
@@ -298,7 +316,14 @@ unsafe fn item<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF>, s
     // The previous item's remaining reductions, overlapping this item's
     // dQ and dK products (its staging is rewritten only after B2).
     if RED_NOW < ROWS_PER_WARP && it > 0 {
-        reduce_rows(c, RED_NOW, ROWS_PER_WARP, st.fused_prev);
+        reduce_rows::<PAIRED, HALF, DET>(c, det, st.scale, RED_NOW, ROWS_PER_WARP, st.fused_prev);
+    }
+    // Deterministic twin: the scales of this item's key rows, loaded now
+    // that the previous item's reductions are done, used at this item's
+    // (their latency passes during the products and the next loads).
+    if DET && lane_scales(PAIRED) {
+        // SAFETY: the slot set is complete (as `own_row` above).
+        st.scale = unsafe { lane_scale(c, srows, det) };
     }
     // Uniform barrier (B2): dS complete and fenced. Paired: a barrier of
     // the whole CTA. When every slot holds the same key row in both
@@ -353,7 +378,7 @@ unsafe fn item<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HALF>, s
     // staged rows with coalesced vector reductions (one 512-byte row per
     // warp instruction) while the tensor cores run S(c+1); the other
     // rows follow in the next item, before its B2 ----
-    reduce_rows(c, 0, RED_NOW, fused);
+    reduce_rows::<PAIRED, HALF, DET>(c, det, st.scale, 0, RED_NOW, fused);
     st.fused_prev = fused;
     if last {
         // SAFETY: after barrier M, which follows the partials' parking.

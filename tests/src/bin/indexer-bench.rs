@@ -167,6 +167,10 @@ struct Cli {
     /// Writes the JSON lines.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// The headline points in deterministic mode (`Options::deterministic`;
+    /// the JSON lines and tables do not record the mode: name the run).
+    #[arg(long)]
+    deterministic: bool,
     /// Dense mode instead of the sparse workloads: causal, B = 1,
     /// S_q = S_k = each value, the first --heads and --dim, f32 dK.
     #[arg(long, value_delimiter = ',', conflicts_with = "file_input")]
@@ -930,6 +934,7 @@ fn run_workload(cli: &Cli) -> Res<()> {
             );
             let opts = Options {
                 d_index_k: dk,
+                deterministic: cli.deterministic,
                 ..Options::default()
             };
             p.opts = opts;
@@ -962,6 +967,9 @@ fn run_workload(cli: &Cli) -> Res<()> {
     }
     eprintln!();
 
+    if cli.deterministic {
+        println!("mode: deterministic (Options::deterministic)");
+    }
     print!("{}", markdown(&points, &gpu_name, &ceil));
     let mut json = format!("{ceil_line}\n");
     for p in &points {

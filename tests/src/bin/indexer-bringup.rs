@@ -359,6 +359,7 @@ fn blackwell_opts(key_ids: KeyIds, score: ScoreKind, dk: GradDtype, dw: GradDtyp
         d_index_k: dk,
         d_weights: dw,
         backend: Backend::Blackwell,
+        deterministic: false,
     }
 }
 

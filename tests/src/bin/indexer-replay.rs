@@ -6,7 +6,7 @@
 //! cargo run --release -p indexer-tests --bin indexer-replay -- IN.safetensors OUT.safetensors
 //!     [--ids global|local] [--sm-scale F] [--loss-coeff F] [--grad-loss F]
 //!     [--log-score] [--dk f32|bf16] [--dw bf16|f32] [--backend auto|hopper|blackwell]
-//!     [--cpu] [--check] [--trust-ids]
+//!     [--deterministic] [--cpu] [--check] [--trust-ids]
 //! ```
 //!
 //! `--ids`, `--sm-scale` and `--log-score` follow one rule, shared with
@@ -84,6 +84,10 @@ struct Cli {
     /// GPU kernels (ignored on the CPU path).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
+    /// Deterministic mode (`Options::deterministic`: d_index_k bitwise
+    /// reproducible; the Hopper fast path and the CPU).
+    #[arg(long)]
+    deterministic: bool,
     /// Run on the CPU even when a GPU is present.
     #[arg(long)]
     cpu: bool,
@@ -193,6 +197,7 @@ fn replay(cli: &Cli) -> Res<()> {
             BackendArg::Hopper => Backend::Hopper,
             BackendArg::Blackwell => Backend::Blackwell,
         },
+        deterministic: cli.deterministic,
     };
     println!(
         "{}",

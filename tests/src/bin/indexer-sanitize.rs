@@ -42,6 +42,15 @@ fn opts(key_ids: KeyIds, score: ScoreKind, dk: GradDtype, dw: GradDtype) -> Opti
         d_index_k: dk,
         d_weights: dw,
         backend: Backend::Auto,
+        deterministic: false,
+    }
+}
+
+/// [`opts`] in deterministic mode.
+fn det(o: Options) -> Options {
+    Options {
+        deterministic: true,
+        ..o
     }
 }
 
@@ -158,6 +167,41 @@ fn cases() -> Vec<Case> {
             name: "stage1 + wgmma row kernel H=16 D=128 (chunk skip) + cast, i64 ids",
             shape: shape(1, 13, 300, 16, 128, 640),
             opts: opts(Local, Probs, Bf16, Bf16),
+            gen: gen(Padding::NegOne, true),
+            paired: false,
+            wide: true,
+        },
+        Case {
+            // Deterministic mode: the memset, stage 1, both bound phases,
+            // the exponents, the paired kernel's twin computing (the row
+            // kernel's twin exits) and the finish into f32.
+            name: "deterministic: stage1 + bounds + scales + wgmma paired twin + finish",
+            shape: shape(2, 24, 192, 64, 128, 256),
+            opts: det(opts(Local, LogProbs, F32, F32)),
+            gen: gen(Padding::OutOfRange, false),
+            paired: true,
+            wide: false,
+        },
+        Case {
+            name: "deterministic: wgmma row twin (chunk skip), finish into bf16, i64 ids",
+            shape: shape(1, 33, 640, 64, 128, 576),
+            opts: det(opts(Global, Probs, Bf16, GradDtype::Bf16)),
+            gen: gen(Padding::NegOne, true),
+            paired: false,
+            wide: true,
+        },
+        Case {
+            name: "deterministic: wgmma H=128 D=64 twin (head halves), finish into bf16",
+            shape: shape(2, 10, 200, 128, 64, 320),
+            opts: det(opts(Local, LogProbs, Bf16, F32)),
+            gen: gen(Padding::OutOfRange, true),
+            paired: false,
+            wide: false,
+        },
+        Case {
+            name: "deterministic: wgmma row twin H=16 D=64",
+            shape: shape(2, 17, 300, 16, 64, 520),
+            opts: det(opts(Local, Probs, F32, F32)),
             gen: gen(Padding::NegOne, true),
             paired: false,
             wide: true,

@@ -213,6 +213,7 @@ fn random_config(rng: &mut StdRng) -> (Shape, Options, Family) {
         } else {
             Backend::Hopper
         },
+        deterministic: false,
     };
     (shape, opts, family)
 }

@@ -29,5 +29,6 @@ row_entry!(
     ///
     /// # Safety
     /// As `wg::stage2` for D = 64.
-    indexer_bwd_wg_h64_d64
+    indexer_bwd_wg_h64_d64,
+    indexer_bwd_wg_det_h64_d64
 );

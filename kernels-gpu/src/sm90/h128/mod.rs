@@ -35,5 +35,6 @@ halves_entry!(
     ///
     /// # Safety
     /// As `wg::stage2` for H = 128.
-    indexer_bwd_wg_h128_d128
+    indexer_bwd_wg_h128_d128,
+    indexer_bwd_wg_det_h128_d128
 );

@@ -24,5 +24,6 @@ halves_entry!(
     ///
     /// # Safety
     /// As `wg::stage2` for H = 128, D = 64.
-    indexer_bwd_wg_h128_d64
+    indexer_bwd_wg_h128_d64,
+    indexer_bwd_wg_det_h128_d64
 );

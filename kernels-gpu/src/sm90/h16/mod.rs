@@ -33,5 +33,6 @@ row_entry!(
     ///
     /// # Safety
     /// As `wg::stage2` for H = 16.
-    indexer_bwd_wg_h16_d128
+    indexer_bwd_wg_h16_d128,
+    indexer_bwd_wg_det_h16_d128
 );

@@ -24,5 +24,6 @@ row_entry!(
     ///
     /// # Safety
     /// As `wg::stage2` for H = 16, D = 64.
-    indexer_bwd_wg_h16_d64
+    indexer_bwd_wg_h16_d64,
+    indexer_bwd_wg_det_h16_d64
 );

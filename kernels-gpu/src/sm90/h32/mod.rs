@@ -33,5 +33,6 @@ row_entry!(
     ///
     /// # Safety
     /// As `wg::stage2` for H = 32.
-    indexer_bwd_wg_h32_d128
+    indexer_bwd_wg_h32_d128,
+    indexer_bwd_wg_det_h32_d128
 );

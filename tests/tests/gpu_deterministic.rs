@@ -1,0 +1,358 @@
+//! Deterministic mode on the GPU (`Options::deterministic`): every output
+//! bitwise the same whatever order the scatter's additions land in (runs,
+//! streams, concurrent work on other streams, i32 or i64 ids, padding by
+//! -1 or by out-of-range ids), and within SPEC's tolerances of the CPU
+//! reference; random shapes over the whole envelope of the Hopper fast
+//! path (H in {16, 32, 64, 128}, D in {64, 128}, topk > 64), both id
+//! conventions, B > 1, duplicates, paired rows, f32 and bf16 outputs.
+
+use dsa_indexer_bwd::{dense, Error, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
+use indexer_tests::{
+    compare_with_reference, gpu, run_gpu, same_bits, DeviceProblem, Gen, GpuOut, Padding, Problem,
+    Values, GRID_FLOORS,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use rand::SeedableRng;
+
+/// Whether two runs wrote the same bits into every output.
+fn same_outputs(a: &GpuOut, b: &GpuOut) -> Result<(), String> {
+    let f64_bits = |x: &[f64], y: &[f64]| {
+        x.len() == y.len() && x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits())
+    };
+    let mut bad = Vec::new();
+    if !same_bits(&a.grad_signal, &b.grad_signal) {
+        bad.push("grad_signal");
+    }
+    if !same_bits(&a.d_index_q, &b.d_index_q) {
+        bad.push("d_index_q");
+    }
+    if a.d_weights_bits != b.d_weights_bits {
+        bad.push("d_weights");
+    }
+    if !f64_bits(&a.d_index_k, &b.d_index_k) {
+        bad.push("d_index_k");
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("outputs differ: {}", bad.join(", ")))
+    }
+}
+
+/// Number of `d_index_k` elements whose bits differ between two runs.
+fn dk_differences(a: &GpuOut, b: &GpuOut) -> usize {
+    a.d_index_k
+        .iter()
+        .zip(&b.d_index_k)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+/// Shapes of the fast path's envelope with topk > 64, deterministic
+/// options of every kind.
+fn cases() -> impl Strategy<Value = (Shape, Options, u64, bool, bool)> {
+    let shape = (
+        1usize..=3,
+        1usize..=40,
+        1usize..=300,
+        prop::sample::select(vec![16usize, 32, 64, 128]),
+        prop::sample::select(vec![64usize, 128]),
+        65usize..=700,
+    )
+        .prop_map(|(batch, seq_q, seq_k, heads, head_dim, topk)| Shape {
+            batch,
+            seq_q,
+            seq_k,
+            heads,
+            head_dim,
+            topk,
+        });
+    let opts = (
+        prop::sample::select(vec![1.0f32, 0.125, 0.37, -0.5, 2.5]),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(sm_scale, local, log, dk_bf16, dw_f32)| Options {
+            sm_scale,
+            key_ids: if local { KeyIds::Local } else { KeyIds::Global },
+            score: if log {
+                ScoreKind::LogProbs
+            } else {
+                ScoreKind::Probs
+            },
+            d_index_k: if dk_bf16 {
+                GradDtype::Bf16
+            } else {
+                GradDtype::F32
+            },
+            d_weights: if dw_f32 {
+                GradDtype::F32
+            } else {
+                GradDtype::Bf16
+            },
+            deterministic: true,
+            ..Options::default()
+        });
+    (shape, opts, any::<u64>(), any::<bool>(), any::<bool>())
+}
+
+/// 96 random cases; each runs the GPU four times (padding by -1, again,
+/// out-of-range padding, i64 ids) and checks every run against the
+/// reference (SPEC tolerances and the 2x-of-f32 bound) and all four runs
+/// bit for bit against each other. Half the cases with an even number of
+/// rows pair their rows up (the paired kernel's twin, shared keys reduced
+/// once).
+#[test]
+fn gpu_deterministic_matches_reference_and_itself_on_random_problems() {
+    let Some(ctx) = gpu("gpu_deterministic_matches_reference_and_itself_on_random_problems") else {
+        return;
+    };
+    let mut runner = TestRunner::new(Config {
+        cases: 96,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&cases(), |(shape, opts, seed, dups, paired)| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let gen = Gen {
+                values: Values::Grid,
+                padding: Padding::NegOne,
+                short_rows: 0.3,
+                trailing: seed % 2 == 0,
+                duplicates: dups,
+                masked: 0.05,
+            };
+            let mut p = Problem::random(&mut rng, shape, opts, gen);
+            if paired && shape.rows() % 2 == 0 {
+                p.pair_rows(&mut rng, 1.0, 2);
+            }
+            p.repad(&mut rng, Padding::NegOne);
+            let a = run_gpu(&ctx, &p);
+            let e = compare_with_reference(&p, &a, GRID_FLOORS);
+            prop_assert!(e.is_ok(), "{}", e.unwrap_err());
+            let again = run_gpu(&ctx, &p);
+            prop_assert!(
+                same_outputs(&a, &again).is_ok(),
+                "rerun: {:?}",
+                same_outputs(&a, &again)
+            );
+            p.repad(&mut rng, Padding::OutOfRange);
+            let b = run_gpu(&ctx, &p);
+            prop_assert!(
+                same_outputs(&a, &b).is_ok(),
+                "padding: {:?}",
+                same_outputs(&a, &b)
+            );
+            p.widen_ids(&mut rng);
+            let c = run_gpu(&ctx, &p);
+            prop_assert!(
+                same_outputs(&a, &c).is_ok(),
+                "i64 ids: {:?}",
+                same_outputs(&a, &c)
+            );
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// One problem where many rows select the same keys (so the scatter's
+/// additions into a key row race), run on the default stream, on fresh
+/// streams, and twice concurrently on two streams with a default-mode
+/// plan of the same problem running on a third between them: every
+/// deterministic run writes the same bits. The default mode's own runs
+/// are printed for comparison (its d_index_k usually differs run to run;
+/// not asserted).
+#[test]
+fn gpu_deterministic_outputs_do_not_depend_on_streams_or_interleaving() {
+    let Some(ctx) = gpu("gpu_deterministic_outputs_do_not_depend_on_streams_or_interleaving")
+    else {
+        return;
+    };
+    for (heads, dim, dk) in [
+        (64usize, 128usize, GradDtype::F32),
+        (128, 128, GradDtype::Bf16),
+        (64, 64, GradDtype::F32),
+    ] {
+        let shape = Shape {
+            batch: 2,
+            seq_q: 300,
+            seq_k: 96,
+            heads,
+            head_dim: dim,
+            topk: 512,
+        };
+        let opts = Options {
+            d_index_k: dk,
+            key_ids: KeyIds::Local,
+            deterministic: true,
+            ..Options::default()
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7 + heads as u64 + dim as u64);
+        let gen = Gen {
+            values: Values::Continuous,
+            padding: Padding::NegOne,
+            short_rows: 0.2,
+            trailing: false,
+            duplicates: true,
+            masked: 0.05,
+        };
+        let p = Problem::random(&mut rng, shape, opts, gen);
+        let first = run_gpu(&ctx, &p);
+        let det_err = compare_with_reference(&p, &first, indexer_tests::CONTINUOUS_FLOORS)
+            .unwrap_or_else(|e| panic!("H={heads} D={dim}: {e}"));
+        let plan = Plan::new(&ctx, shape, opts).expect("plan");
+        let fast = Plan::new(
+            &ctx,
+            shape,
+            Options {
+                deterministic: false,
+                ..opts
+            },
+        )
+        .expect("default plan");
+        let (s1, s2, s3) = (
+            ctx.new_stream().unwrap(),
+            ctx.new_stream().unwrap(),
+            ctx.new_stream().unwrap(),
+        );
+        let mut runs = Vec::new();
+        for round in 0..3 {
+            let mut d1 = DeviceProblem::upload(&s1, &p, plan.workspace_bytes());
+            let mut d2 = DeviceProblem::upload(&s2, &p, plan.workspace_bytes());
+            let mut d3 = DeviceProblem::upload(&s3, &p, fast.workspace_bytes());
+            s1.synchronize().unwrap();
+            s2.synchronize().unwrap();
+            s3.synchronize().unwrap();
+            // Queued back to back on three streams: the GPU runs them
+            // concurrently, in an order that changes from round to round.
+            match round {
+                0 => {
+                    d1.execute(&plan, &s1, p.loss_coeff).unwrap();
+                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
+                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
+                }
+                1 => {
+                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
+                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
+                    d1.execute(&plan, &s1, p.loss_coeff).unwrap();
+                }
+                _ => {
+                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
+                    d1.execute(&plan, &s1, p.loss_coeff).unwrap();
+                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
+                }
+            }
+            s1.synchronize().unwrap();
+            s2.synchronize().unwrap();
+            s3.synchronize().unwrap();
+            runs.push((
+                d1.download(&s1, &opts),
+                d2.download(&s2, &opts),
+                d3.download(&s3, &opts),
+            ));
+        }
+        let mut default_diffs = Vec::new();
+        for (i, (r1, r2, r3)) in runs.iter().enumerate() {
+            for (which, r) in [("stream 1", r1), ("stream 2", r2)] {
+                if let Err(e) = same_outputs(&first, r) {
+                    panic!("H={heads} D={dim} {dk:?}: round {i}, {which}: {e}");
+                }
+            }
+            default_diffs.push(dk_differences(&runs[0].2, r3));
+        }
+        let default_err = compare_with_reference(&p, &runs[0].2, indexer_tests::CONTINUOUS_FLOORS)
+            .unwrap_or_else(|e| panic!("H={heads} D={dim}, default mode: {e}"));
+        println!(
+            "H={heads} D={dim} {dk:?}: deterministic runs bitwise equal (7 runs); default mode's \
+             d_index_k elements differing from its first run: {default_diffs:?} of {}; \
+             d_index_k error against the f64 reference: deterministic {:.3e}, default {:.3e}",
+            first.d_index_k.len(),
+            det_err.d_index_k,
+            default_err.d_index_k
+        );
+    }
+}
+
+/// Non-finite inputs: a NaN in one query row's q, an infinity in one
+/// weight. The deterministic d_index_k is non-finite exactly where the
+/// reference's is, and equal to itself from run to run (NaN payloads
+/// included).
+#[test]
+fn gpu_deterministic_non_finite_outputs_follow_the_reference() {
+    let Some(ctx) = gpu("gpu_deterministic_non_finite_outputs_follow_the_reference") else {
+        return;
+    };
+    let shape = Shape {
+        batch: 1,
+        seq_q: 24,
+        seq_k: 80,
+        heads: 64,
+        head_dim: 128,
+        topk: 192,
+    };
+    let opts = Options {
+        deterministic: true,
+        ..Options::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+    let gen = Gen {
+        values: Values::Grid,
+        padding: Padding::NegOne,
+        short_rows: 0.1,
+        trailing: false,
+        duplicates: true,
+        masked: 0.0,
+    };
+    let mut p = Problem::random(&mut rng, shape, opts, gen);
+    p.q[3 * 64 * 128 + 5 * 128 + 17] = half::bf16::NAN;
+    p.w[9 * 64 + 2] = half::bf16::INFINITY;
+    let a = run_gpu(&ctx, &p);
+    let b = run_gpu(&ctx, &p);
+    same_outputs(&a, &b).expect("non-finite inputs: runs differ");
+    let r = dsa_indexer_bwd::cpu::reference(&p.shape, &p.opts, &p.host()).expect("reference");
+    let got: Vec<bool> = a.d_index_k.iter().map(|x| x.is_finite()).collect();
+    let want: Vec<bool> = r.d_index_k.iter().map(|x| x.is_finite()).collect();
+    assert!(want.iter().any(|f| !f), "the inputs reach d_index_k");
+    assert!(want.iter().any(|f| *f), "some of d_index_k stays finite");
+    assert_eq!(got, want, "which d_index_k elements are non-finite");
+}
+
+/// Where deterministic mode does not run, `Plan::new` says so
+/// (`Error::NotImplemented`): topk <= 64 (the mma.sync kernels), dense
+/// mode.
+#[test]
+fn gpu_deterministic_mode_is_refused_where_it_does_not_run() {
+    let Some(ctx) = gpu("gpu_deterministic_mode_is_refused_where_it_does_not_run") else {
+        return;
+    };
+    let det = Options {
+        deterministic: true,
+        ..Options::default()
+    };
+    let short = Shape {
+        batch: 1,
+        seq_q: 8,
+        seq_k: 64,
+        heads: 64,
+        head_dim: 128,
+        topk: 64,
+    };
+    let e = Plan::new(&ctx, short, det).err().expect("topk 64 refused");
+    assert!(matches!(e, Error::NotImplemented { .. }), "{e}");
+    let d = dense::Shape::bshd(1, 16, 16, 64, 128);
+    let e = dense::Plan::new(&ctx, d, det).err().expect("dense refused");
+    assert!(matches!(e, Error::NotImplemented { .. }), "{e}");
+    // The fast path takes it, and its workspace holds the tables.
+    let long = Shape { topk: 128, ..short };
+    let plan = Plan::new(&ctx, long, det).expect("the fast path");
+    assert!(plan.workspace_bytes() >= long.k_len() * 5);
+    assert!(
+        plan.kernels().contains(&"det_finish"),
+        "{:?}",
+        plan.kernels()
+    );
+}
