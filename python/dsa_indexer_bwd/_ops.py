@@ -9,8 +9,8 @@ Operators (namespace ``dsa_indexer``; none mutates its inputs):
 - ``sparse_forward(index_q, weights, index_k, topk_indices, sm_scale, key_ids,
   score) -> (index_score, lse)``
 - ``sparse_backward(index_q, weights, index_k, attn_score, index_score,
-  topk_indices, grad_loss, sm_scale, loss_coeff, key_ids, score, d_index_k_dtype)
-  -> (grad_signal, d_index_q, d_weights, d_index_k)``
+  topk_indices, grad_loss, sm_scale, loss_coeff, key_ids, score, d_index_k_dtype,
+  deterministic=False) -> (grad_signal, d_index_q, d_weights, d_index_k)``
 - ``dense_forward(index_q, weights, index_k, cu_seqlens_q, cu_seqlens_k,
   score_cols, q_offset, ratio, sm_scale) -> (index_score, index_lse)``
 - ``dense_backward(index_q, weights, index_k, attn_score, attn_l1norm,
@@ -89,18 +89,19 @@ def sparse_backward(
     key_ids: str,
     score: str,
     d_index_k_dtype: str,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     g = indexer_backward(
         index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss,
         sm_scale=sm_scale, loss_coeff=loss_coeff, key_ids=key_ids, score=score,
-        d_index_k_dtype=_DT[d_index_k_dtype], trust_ids=True,
+        d_index_k_dtype=_DT[d_index_k_dtype], trust_ids=True, deterministic=deterministic,
     )
     return g.grad_signal, g.d_index_q, g.d_weights, g.d_index_k
 
 
 @sparse_backward.register_fake
 def _(index_q, weights, index_k, attn_score, index_score, topk_indices, grad_loss, sm_scale,
-      loss_coeff, key_ids, score, d_index_k_dtype):
+      loss_coeff, key_ids, score, d_index_k_dtype, deterministic=False):
     return (
         torch.empty_like(attn_score),
         torch.empty_like(index_q),
@@ -206,6 +207,7 @@ def kl_loss(
     sm_scale: float,
     loss_coeff: float,
     key_ids: str,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     logp, _ = indexer_forward(
         index_q, weights, index_k, topk_indices, sm_scale=sm_scale, key_ids=key_ids,
@@ -216,7 +218,8 @@ def kl_loss(
 
 
 @kl_loss.register_fake
-def _(index_q, weights, index_k, topk_indices, attn_score, sm_scale, loss_coeff, key_ids):
+def _(index_q, weights, index_k, topk_indices, attn_score, sm_scale, loss_coeff, key_ids,
+      deterministic=False):
     return (
         index_q.new_empty((), dtype=torch.float32),
         index_q.new_empty(topk_indices.shape, dtype=torch.float32),
@@ -224,19 +227,22 @@ def _(index_q, weights, index_k, topk_indices, attn_score, sm_scale, loss_coeff,
 
 
 def _kl_setup(ctx, inputs, output):
-    index_q, weights, index_k, topk_indices, attn_score, sm_scale, loss_coeff, key_ids = inputs
+    index_q, weights, index_k, topk_indices, attn_score, sm_scale, loss_coeff, key_ids = inputs[:8]
+    deterministic = inputs[8] if len(inputs) > 8 else False
     ctx.save_for_backward(index_q, weights, index_k, topk_indices, attn_score, output[1])
-    ctx.args = (sm_scale, loss_coeff, key_ids, str(index_k.dtype).replace("torch.", ""))
+    ctx.args = (sm_scale, loss_coeff, key_ids, str(index_k.dtype).replace("torch.", ""),
+                deterministic)
 
 
 def _kl_backward(ctx, grad_loss, _grad_logp):
     index_q, weights, index_k, topk_indices, attn_score, logp = ctx.saved_tensors
-    sm_scale, loss_coeff, key_ids, dk = ctx.args
+    sm_scale, loss_coeff, key_ids, dk, deterministic = ctx.args
     _, dq, dw, dk_ = sparse_backward(
         index_q, weights, index_k, attn_score, logp, topk_indices,
         grad_loss.reshape(1).to(torch.float32), sm_scale, loss_coeff, key_ids, "logprobs", dk,
+        deterministic,
     )
-    return dq, dw, dk_, None, None, None, None, None
+    return dq, dw, dk_, None, None, None, None, None, None
 
 
 kl_loss.register_autograd(_kl_backward, setup_context=_kl_setup)
@@ -244,7 +250,7 @@ kl_loss.register_autograd(_kl_backward, setup_context=_kl_setup)
 
 def indexer_loss(
     index_q, weights, index_k, topk_indices, attn_score, *, sm_scale=1.0, loss_coeff=1.0,
-    key_ids=None,
+    key_ids=None, deterministic=False,
 ):
     """The lightning indexer's KL loss (docs/spec.md, "Forward": ``loss = c *
     sum_{b,s} sum_t max(target, CLIP) (log max(target, CLIP) - log predict)``
@@ -260,8 +266,12 @@ def indexer_loss(
     the loss and its gradient (plain autograd of an unmasked KL differs
     there). Tensors and ``key_ids`` as in :func:`indexer_forward`; a scalar
     f32 tensor on their device is returned. Works under
-    ``torch.compile(fullgraph=True)`` and CUDA graphs.
+    ``torch.compile(fullgraph=True)`` and CUDA graphs. ``deterministic=True``
+    runs the backward in deterministic mode (:func:`indexer_backward`):
+    the gradients are bitwise the same from run to run.
     """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     if key_ids is None:
         if topk_indices.shape[0] > 1:
             raise ValueError(
@@ -271,7 +281,7 @@ def indexer_loss(
         key_ids = "global"
     loss, _ = kl_loss(
         index_q, weights, index_k, topk_indices, attn_score, float(sm_scale), float(loss_coeff),
-        key_ids,
+        key_ids, deterministic,
     )
     return loss
 
