@@ -209,21 +209,8 @@ pub use kernels::{add, row_scale};
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Rng;
     use std::vec::Vec;
-
-    /// A small deterministic generator (xorshift), for the property tests.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn unit(&mut self) -> f64 {
-            (self.next() >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
 
     #[test]
     fn exponents_bound_their_values() {

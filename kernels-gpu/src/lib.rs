@@ -52,6 +52,8 @@ pub mod sched;
 pub mod score;
 pub mod sm100;
 pub mod sm90;
+#[cfg(test)]
+mod testing;
 pub mod tiles;
 
 #[cfg(target_arch = "nvptx64")]

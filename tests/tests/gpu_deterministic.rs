@@ -6,7 +6,9 @@
 //! path (H in {16, 32, 64, 128}, D in {64, 128}, topk > 64), both id
 //! conventions, B > 1, duplicates, paired rows, f32 and bf16 outputs.
 
-use dsa_indexer_bwd::{dense, Error, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
+mod common;
+
+use dsa_indexer_bwd::{dense, Error, GradDtype, KeyIds, Options, Plan, Shape};
 use indexer_tests::{
     compare_with_reference, gpu, run_gpu, same_bits, DeviceProblem, Gen, GpuOut, Padding, Problem,
     Values, GRID_FLOORS,
@@ -68,34 +70,7 @@ fn cases() -> impl Strategy<Value = (Shape, Options, u64, bool, bool)> {
             head_dim,
             topk,
         });
-    let opts = (
-        prop::sample::select(vec![1.0f32, 0.125, 0.37, -0.5, 2.5]),
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-    )
-        .prop_map(|(sm_scale, local, log, dk_bf16, dw_f32)| Options {
-            sm_scale,
-            key_ids: if local { KeyIds::Local } else { KeyIds::Global },
-            score: if log {
-                ScoreKind::LogProbs
-            } else {
-                ScoreKind::Probs
-            },
-            d_index_k: if dk_bf16 {
-                GradDtype::Bf16
-            } else {
-                GradDtype::F32
-            },
-            d_weights: if dw_f32 {
-                GradDtype::F32
-            } else {
-                GradDtype::Bf16
-            },
-            deterministic: true,
-            ..Options::default()
-        });
+    let opts = common::options(vec![1.0f32, 0.125, 0.37, -0.5, 2.5], true);
     (shape, opts, any::<u64>(), any::<bool>(), any::<bool>())
 }
 

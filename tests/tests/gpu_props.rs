@@ -7,7 +7,9 @@
 //! variants (zero and negative included), the log variant, bf16 and f32
 //! outputs, grid and continuous values, S_k up to 4096, targets below CLIP.
 
-use dsa_indexer_bwd::{GradDtype, KeyIds, Options, ScoreKind, Shape};
+mod common;
+
+use dsa_indexer_bwd::{Options, Shape};
 use indexer_tests::{
     compare_with_reference, gpu, run_gpu, same_bits, Gen, Padding, Problem, Values,
     CONTINUOUS_FLOORS, GRID_FLOORS,
@@ -58,33 +60,7 @@ fn case_with(
             head_dim,
             topk,
         });
-    let opts = (
-        prop::sample::select(scales),
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-    )
-        .prop_map(|(sm_scale, local, log, dk_bf16, dw_f32)| Options {
-            sm_scale,
-            key_ids: if local { KeyIds::Local } else { KeyIds::Global },
-            score: if log {
-                ScoreKind::LogProbs
-            } else {
-                ScoreKind::Probs
-            },
-            d_index_k: if dk_bf16 {
-                GradDtype::Bf16
-            } else {
-                GradDtype::F32
-            },
-            d_weights: if dw_f32 {
-                GradDtype::F32
-            } else {
-                GradDtype::Bf16
-            },
-            ..Options::default()
-        });
+    let opts = common::options(scales, false);
     (
         shape,
         opts,

@@ -27,14 +27,9 @@ fn from_bf16(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
 
-struct Rng(u64);
+use crate::testing::Rng;
+
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
     /// Uniform in [-1, 1), rounded to bf16.
     fn val(&mut self) -> f32 {
         from_bf16(bf16((self.next() % 20001) as f32 / 10000.0 - 1.0))
