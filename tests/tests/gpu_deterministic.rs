@@ -1,7 +1,8 @@
 //! Deterministic mode on the GPU (`Options::deterministic`): every output
 //! bitwise the same whatever order the scatter's additions land in (runs,
 //! streams, concurrent work on other streams, i32 or i64 ids, padding by
-//! -1 or by out-of-range ids), and within SPEC's tolerances of the CPU
+//! -1 or by out-of-range ids, CUDA-graph replays), and within SPEC's
+//! tolerances of the CPU
 //! reference; random shapes over the whole envelope of the Hopper fast
 //! path (H in {16, 32, 64, 128}, D in {64, 128}, topk > 64), both id
 //! conventions, B > 1, duplicates, paired rows, f32 and bf16 outputs.
@@ -330,4 +331,68 @@ fn gpu_deterministic_mode_is_refused_where_it_does_not_run() {
         "{:?}",
         plan.kernels()
     );
+}
+
+/// Deterministic mode captured in a CUDA graph (its memset and passes are
+/// graph nodes, nothing is allocated): two replays write the bits of the
+/// eager call, within the tolerances of the reference.
+#[test]
+fn gpu_deterministic_mode_replays_in_a_cuda_graph() {
+    use cudarc::driver::sys;
+    let Some(ctx) = gpu("gpu_deterministic_mode_replays_in_a_cuda_graph") else {
+        return;
+    };
+    let stream = ctx.new_stream().unwrap();
+    // Capture must not wait on events recorded outside it.
+    // SAFETY: this test uses one stream, so no cross-stream ordering is lost.
+    unsafe { ctx.disable_event_tracking() };
+    let shape = Shape {
+        batch: 2,
+        seq_q: 32,
+        seq_k: 96,
+        heads: 64,
+        head_dim: 128,
+        topk: 192,
+    };
+    let opts = Options {
+        key_ids: KeyIds::Local,
+        d_index_k: GradDtype::Bf16,
+        deterministic: true,
+        ..Options::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let gen = Gen {
+        values: Values::Continuous,
+        padding: Padding::NegOne,
+        short_rows: 0.2,
+        trailing: true,
+        duplicates: true,
+        masked: 0.05,
+    };
+    let p = Problem::random(&mut rng, shape, opts, gen);
+    let plan = Plan::new(&ctx, shape, opts).unwrap();
+    let mut d = DeviceProblem::upload(&stream, &p, plan.workspace_bytes());
+    d.execute(&plan, &stream, p.loss_coeff).unwrap(); // eager, outside capture
+    stream.synchronize().unwrap();
+    let eager = d.download(&stream, &opts);
+    compare_with_reference(&p, &eager, indexer_tests::CONTINUOUS_FLOORS).expect("eager");
+
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    let captured = d.execute(&plan, &stream, p.loss_coeff);
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("graph");
+    captured.unwrap();
+    for replay in 0..2 {
+        d.reset_targets(&stream, &p);
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        let out = d.download(&stream, &opts);
+        if let Err(e) = same_outputs(&eager, &out) {
+            panic!("replay {replay}: {e}");
+        }
+    }
 }
