@@ -2,10 +2,10 @@
 //! bitwise the same whatever order the scatter's additions land in (runs,
 //! streams, concurrent work on other streams, i32 or i64 ids, padding by
 //! -1 or by out-of-range ids, CUDA-graph replays), and within SPEC's
-//! tolerances of the CPU
-//! reference; random shapes over the whole envelope of the Hopper fast
-//! path (H in {16, 32, 64, 128}, D in {64, 128}, topk > 64), both id
-//! conventions, B > 1, duplicates, paired rows, f32 and bf16 outputs.
+//! tolerances of the CPU reference; random shapes over the whole envelope
+//! of the Hopper fast path (H in {16, 32, 64, 128}, D in {64, 128},
+//! topk > 64), both id conventions, B > 1, duplicates, paired rows, f32
+//! and bf16 outputs.
 
 mod common;
 
