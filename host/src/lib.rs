@@ -89,6 +89,7 @@ mod plan;
 mod raw;
 mod select;
 mod shape;
+mod tma;
 // Arms watchdog builds when a module is loaded; read by the bring-up kit
 // (`lab::watchdog`).
 #[cfg_attr(not(feature = "lab"), allow(dead_code))]

@@ -205,7 +205,7 @@ pub struct DenseParams {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DenseTileParams {
     /// Tile map over `index_k` as `(key rows, 128)` bf16, box 64 x 64,
-    /// 128-byte swizzle, zero fill (`sm100::tmap::q_tile_map` with 64
+    /// 128-byte swizzle, zero fill (`tma::q_tile_map` with 64
     /// rows): one box is one swizzle block of a K tile.
     pub k_map: TensorMap,
     /// Tile map over `index_q` as `(rows * 64, 128)` bf16, the same box:
@@ -544,10 +544,10 @@ pub struct TensorMap(pub [u64; 16]);
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Sm100Params {
     /// Gather4 map over `index_k` as `(B*S_k, D)` bf16, box 64 x 1, 128-byte
-    /// swizzle, zero fill (`sm100::tmap::gather_map`).
+    /// swizzle, zero fill (`tma::gather_map`).
     pub k_map: TensorMap,
     /// Tile map over `index_q` as `(B*S_q*H, D)` bf16, box 64 x H, 128-byte
-    /// swizzle (`sm100::tmap::q_tile_map`).
+    /// swizzle (`tma::q_tile_map`).
     pub q_map: TensorMap,
     /// Pointers, sizes and scalars, as for the row kernel; `dk_accum` is
     /// zeroed by the stage-1 kernel of the same `execute`.

@@ -55,6 +55,7 @@ pub mod sm90;
 #[cfg(test)]
 mod testing;
 pub mod tiles;
+pub mod tma;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod ptx;

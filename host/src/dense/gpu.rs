@@ -24,11 +24,11 @@ use super::shape::Shape;
 use crate::cpu::try_vec;
 use crate::error::Result;
 use crate::gpu;
-use crate::launch::sm100::{encode, TiledArgs};
 use crate::launch::sm90::{self as sm90_path, Wgmma};
 use crate::launch::Cast;
 use crate::select::{select, PathKind};
 use crate::shape::{Backend, GradDtype, Options, Shape as SparseShape};
+use crate::tma::{encode, TiledArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use kernels_gpu::abi::TensorMap;
 use kernels_gpu::abi::{
@@ -36,7 +36,7 @@ use kernels_gpu::abi::{
     DENSE_TILE_THREADS, FLAG_DW_F32, FLAG_ROW_CHUNKS,
 };
 use kernels_gpu::registry::{DENSE_STAGE1, DENSE_WG};
-use kernels_gpu::sm100::tmap::q_tile_map;
+use kernels_gpu::tma::q_tile_map;
 
 /// The tile kernel's tensor-map geometry: `(index_k, index_q)`.
 type MapArgs = (TiledArgs, TiledArgs);
@@ -114,12 +114,7 @@ fn tile_map(rows: usize) -> Result<TiledArgs> {
             value: rows,
             expected: "a TMA-encodable bf16 matrix of 128 columns",
         })?;
-    Ok(TiledArgs {
-        dims: m.dims,
-        strides: [m.row_stride],
-        box_dims: m.box_dims,
-        element_strides: [1, 1],
-    })
+    Ok(TiledArgs::of(&m))
 }
 
 /// The sparse problem a dense `shape` runs as.

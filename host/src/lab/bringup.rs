@@ -393,7 +393,10 @@ fn encode_maps(stream: &Arc<CudaStream>, b: &Buffers) -> Result<(TensorMap, Tens
     let (k_args, q_args) = sm100::map_args(&PROBE_SHAPE)?;
     let (pk, _gk) = b.k.device_ptr(stream);
     let (pq, _gq) = b.q.device_ptr(stream);
-    Ok((sm100::encode(pk, &k_args)?, sm100::encode(pq, &q_args)?))
+    Ok((
+        crate::tma::encode(pk, &k_args)?,
+        crate::tma::encode(pq, &q_args)?,
+    ))
 }
 
 /// One launch of a probe kernel and its output.

@@ -17,46 +17,17 @@ use crate::error::{Error, Result};
 use crate::gpu;
 use crate::modules::Loaded;
 use crate::shape::Shape;
+use crate::tma::{encode, TiledArgs};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
-use kernels_gpu::abi::{Sm100Params, TensorMap, SM100_STAGE2_THREADS};
+use kernels_gpu::abi::{Sm100Params, SM100_STAGE2_THREADS};
 use kernels_gpu::registry::STAGE1;
 use kernels_gpu::sched;
 use kernels_gpu::sm100::budget::SM100_SMEM;
-use kernels_gpu::sm100::tmap::{gather_map, q_tile_map, Map2d};
+use kernels_gpu::tma::{gather_map, q_tile_map};
 use std::sync::Arc;
 
 /// Columns of one TMA box row (the 128-byte swizzle span of bf16).
 const BOX_INNER: u32 = 64;
-
-/// Arguments of `cuTensorMapEncodeTiled` for a 2D bf16 map, 128-byte
-/// swizzle (plain data, so the geometry is testable without a GPU).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TiledArgs {
-    /// `globalDim`, innermost first.
-    pub dims: [u64; 2],
-    /// `globalStrides` (rank - 1 entries, bytes).
-    pub strides: [u64; 1],
-    /// `boxDim`, innermost first.
-    pub box_dims: [u32; 2],
-    /// `elementStrides`.
-    pub element_strides: [u32; 2],
-}
-
-impl TiledArgs {
-    fn of(m: &Map2d) -> TiledArgs {
-        TiledArgs {
-            dims: m.dims,
-            strides: [m.row_stride],
-            box_dims: m.box_dims,
-            element_strides: [1, 1],
-        }
-    }
-    /// Bytes one box brings into shared memory.
-    #[cfg(test)]
-    fn box_bytes(&self) -> u32 {
-        self.box_dims[0] * self.box_dims[1] * 2
-    }
-}
 
 /// Geometry of the two maps of a plan: `(k gather map, q tile map)`.
 pub fn map_args(shape: &Shape) -> Result<(TiledArgs, TiledArgs)> {
@@ -79,35 +50,6 @@ pub fn map_args(shape: &Shape) -> Result<(TiledArgs, TiledArgs)> {
     )
     .map_err(bad)?;
     Ok((TiledArgs::of(&k), TiledArgs::of(&q)))
-}
-
-/// Encodes one bf16 map at device address `base` (also used by the
-/// bring-up probes, so that they get stage 2's maps).
-pub(crate) fn encode(base: u64, a: &TiledArgs) -> Result<TensorMap> {
-    let mut raw = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-    // SAFETY: host-side encoding into `raw` (128 bytes); the argument arrays
-    // live across the call and hold `rank` (or rank - 1) entries; the
-    // address is only recorded, not dereferenced.
-    unsafe {
-        sys::cuTensorMapEncodeTiled(
-            raw.as_mut_ptr(),
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            2,
-            base as *mut std::ffi::c_void,
-            a.dims.as_ptr(),
-            a.strides.as_ptr(),
-            a.box_dims.as_ptr(),
-            a.element_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-        .result()?;
-    }
-    // SAFETY: zero-initialised, then written by the driver.
-    let raw = unsafe { raw.assume_init() };
-    Ok(TensorMap(raw.opaque))
 }
 
 /// The loaded and configured tcgen05 kernels of one plan.

@@ -273,7 +273,7 @@ mod tests {
             for col in 0..64u32 {
                 assert_eq!(
                     swizzle128(row * 128 + col * 2),
-                    crate::sm100::tmap::swizzle128_offset(row, col)
+                    crate::tma::swizzle128_offset(row, col)
                 );
             }
         }

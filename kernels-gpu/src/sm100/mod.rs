@@ -19,8 +19,8 @@
 //! lane mapping ([`tmem`]), tensor-memory and shared-memory budgets
 //! ([`budget`]), chunks per row and barrier parities ([`sched`]; the
 //! persistent scheduler is the shared `crate::sched`),
-//! TMA gather4 row coordinates ([`gather`]) and tensor-map geometry
-//! ([`tmap`]); and the stage-2 barrier protocol ([`proto`]), which a test
+//! TMA gather4 row coordinates ([`gather`]; the tensor-map geometry is the
+//! crate's, [`crate::tma`]); and the stage-2 barrier protocol ([`proto`]), which a test
 //! model-checks (`model`) over every interleaving of small cases.
 
 pub mod budget;
@@ -33,7 +33,6 @@ mod model;
 pub mod operands;
 pub mod proto;
 pub mod sched;
-pub mod tmap;
 pub mod tmem;
 
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_100f"))]

@@ -23,7 +23,7 @@ use super::budget::{SM100_CHUNK, SM100_DIM, SMEM_DS_REGION, SMEM_K_REGION, SMEM_
 use super::desc::{
     instr_desc_f16, kmajor_step, mnmajor_step, sw128_kmajor, sw128_mnmajor, Accum, F16Kind, Major,
 };
-use super::tmap::swizzle128_offset;
+use crate::tma::swizzle128_offset;
 
 /// Byte offset of q element `(h, d)` in a q buffer.
 pub const fn q_at(h: u32, d: u32) -> u32 {

@@ -1,8 +1,11 @@
-//! Tensor-map geometry for the sm_100f path's TMA loads, as plain Rust the
-//! host turns into `cuTensorMapEncodeTiled` arguments, plus the shared-memory
-//! image that TMA's 128-byte swizzle produces (which is the canonical
-//! K-major `Swizzle::B128` operand layout of `tcgen05.mma`).
-//! **Not executed** (no sm_100 GPU).
+//! Tensor-map geometry of the kernels' TMA loads, whatever the
+//! architecture, as plain Rust the host turns into
+//! `cuTensorMapEncodeTiled` arguments (`host/src/tma.rs`): the q and K
+//! tile maps of dense mode's sm_90a tile kernel (`dense_wg`) and the K
+//! gather and q tile maps of the sm_100f path (**compiled, not
+//! executed**: no sm_100 GPU); plus the shared-memory image that TMA's
+//! 128-byte swizzle produces (which is also the canonical K-major
+//! `Swizzle::B128` operand layout of `tcgen05.mma`).
 
 /// Bytes of one swizzle row (the 128-byte swizzle span).
 pub const SWIZZLE_BYTES: u32 = 128;
