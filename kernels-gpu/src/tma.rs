@@ -99,11 +99,6 @@ mod tests {
         assert_eq!(m.dims, [128, 8192 * 64]);
         assert_eq!(m.row_stride, 256);
         assert_eq!(m.box_dims, [64, 64]);
-        // One box is one 64-row q region of the kernel (H = 64) or half of it.
-        assert_eq!(
-            m.box_dims[0] * m.box_dims[1] * 2,
-            crate::sm100::budget::SMEM_Q_REGION
-        );
         let h32 = q_tile_map(100 * 32, 128, 64, 32).unwrap();
         assert_eq!(h32.box_dims, [64, 32]);
         assert_eq!(q_tile_map(10, 128, 64, 0), Err(MapError::BoxExtent));

@@ -107,6 +107,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_q_tile_box_is_one_q_region() {
+        // One box of the q tile map (H = 64) fills one 64-row q region.
+        let m = crate::tma::q_tile_map(8192 * 64, 128, 64, 64).unwrap();
+        assert_eq!(m.box_dims[0] * m.box_dims[1] * 2, SMEM_Q_REGION);
+    }
+
+    #[test]
     fn accumulators_are_disjoint_and_fit_the_allocation() {
         let regions = [
             (TMEM_S, SM100_CHUNK),
