@@ -116,21 +116,12 @@ pub struct Outputs<'a> {
 /// accumulator first), whatever `d_index_k`'s type.
 pub(crate) fn workspace_bytes(shape: &Shape, opts: &Options) -> usize {
     if opts.deterministic {
-        return det_layout(shape).bytes as usize;
+        return shape.det_layout().bytes as usize;
     }
     match opts.d_index_k {
         GradDtype::F32 => 0,
         GradDtype::Bf16 => shape.k_len() * 4,
     }
-}
-
-/// The deterministic mode's workspace layout for `shape`.
-pub(crate) fn det_layout(shape: &Shape) -> kernels_gpu::abi::DetLayout {
-    kernels_gpu::abi::det_layout(
-        (shape.batch * shape.seq_k) as u64,
-        shape.rows() as u64,
-        shape.head_dim as u64,
-    )
 }
 
 /// Device addresses of a checked call (0 for a missing workspace).

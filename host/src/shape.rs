@@ -21,6 +21,16 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Deterministic mode's workspace layout for this shape (the key rows
+    /// `B * S_k`, the query rows, D).
+    pub(crate) fn det_layout(&self) -> kernels_gpu::abi::DetLayout {
+        kernels_gpu::abi::det_layout(
+            (self.batch * self.seq_k) as u64,
+            self.rows() as u64,
+            self.head_dim as u64,
+        )
+    }
+
     /// Query rows over all batches, `B * S_q`.
     pub fn rows(&self) -> usize {
         self.batch * self.seq_q

@@ -21,7 +21,7 @@ use crate::modules::Loaded;
 use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 use kernels_gpu::abi::{
-    det_layout, DetParams, GradParams, DET_CTAS_PER_SM, DET_THREADS, FLAG_PAIR_DISPATCH,
+    DetLayout, DetParams, GradParams, DET_CTAS_PER_SM, DET_THREADS, FLAG_PAIR_DISPATCH,
 };
 use kernels_gpu::registry::{self, DET_BOUNDS, DET_FINISH, DET_SCALES, DET_SMEM};
 use kernels_gpu::sm90;
@@ -65,6 +65,8 @@ pub(crate) struct DetKernels {
     pair: Option<CudaFunction>,
     /// CTAs of the grid-stride passes.
     stride_grid: u32,
+    /// The tables' offsets in the workspace (`Shape::det_layout`).
+    layout: DetLayout,
 }
 
 impl Wgmma {
@@ -112,6 +114,7 @@ impl Wgmma {
                     None => None,
                 },
                 stride_grid: sms * DET_CTAS_PER_SM,
+                layout: shape.det_layout(),
             })
         } else {
             None
@@ -215,15 +218,9 @@ impl Wgmma {
     ///
     /// # Safety
     /// As [`Wgmma::launch`]; `run.params.dk_accum` is the start of a
-    /// workspace of `det_layout`'s bytes for the shape, `out` the checked
-    /// `d_index_k`.
+    /// workspace of `det.layout`'s bytes, `out` the checked `d_index_k`.
     unsafe fn launch_det(&self, run: &Run<'_>, det: &DetKernels, out: DetOut) -> Result<()> {
-        let s = run.shape;
-        let l = det_layout(
-            (s.batch * s.seq_k) as u64,
-            s.rows() as u64,
-            s.head_dim as u64,
-        );
+        let (s, l) = (run.shape, &det.layout);
         let ws = run.params.dk_accum;
         let mut dp = DetParams {
             grad: run.params,
