@@ -763,6 +763,27 @@ impl DeviceProblem {
         self.run(plan, stream, loss_coeff, None)
     }
 
+    /// `plan.execute` on these buffers captured into a CUDA graph on
+    /// `stream` (capture mode thread-local: other threads keep working);
+    /// an error names the step that failed.
+    pub fn capture(
+        &mut self,
+        plan: &Plan,
+        stream: &Arc<CudaStream>,
+        loss_coeff: f32,
+    ) -> Result<cudarc::driver::CudaGraph, String> {
+        use cudarc::driver::sys;
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| format!("begin_capture: {e}"))?;
+        let captured = self.execute(plan, stream, loss_coeff);
+        let graph = stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| format!("end_capture: {e}"))?;
+        captured.map_err(|e| format!("execute under capture: {e}"))?;
+        graph.ok_or_else(|| "end_capture: no graph".to_string())
+    }
+
     fn run(
         &mut self,
         plan: &Plan,

@@ -55,22 +55,13 @@ fn dk_differences(a: &GpuOut, b: &GpuOut) -> usize {
 /// Shapes of the fast path's envelope with topk > 64, deterministic
 /// options of every kind.
 fn cases() -> impl Strategy<Value = (Shape, Options, u64, bool, bool)> {
-    let shape = (
-        1usize..=3,
-        1usize..=40,
-        1usize..=300,
-        prop::sample::select(vec![16usize, 32, 64, 128]),
-        prop::sample::select(vec![64usize, 128]),
-        65usize..=700,
-    )
-        .prop_map(|(batch, seq_q, seq_k, heads, head_dim, topk)| Shape {
-            batch,
-            seq_q,
-            seq_k,
-            heads,
-            head_dim,
-            topk,
-        });
+    let shape = common::shapes(
+        vec![16, 32, 64, 128],
+        vec![64, 128],
+        1..=40,
+        1..=300,
+        65..=700,
+    );
     let opts = common::options(vec![1.0f32, 0.125, 0.37, -0.5, 2.5], true);
     (shape, opts, any::<u64>(), any::<bool>(), any::<bool>())
 }
@@ -338,7 +329,6 @@ fn gpu_deterministic_mode_is_refused_where_it_does_not_run() {
 /// eager call, within the tolerances of the reference.
 #[test]
 fn gpu_deterministic_mode_replays_in_a_cuda_graph() {
-    use cudarc::driver::sys;
     let Some(ctx) = gpu("gpu_deterministic_mode_replays_in_a_cuda_graph") else {
         return;
     };
@@ -377,15 +367,7 @@ fn gpu_deterministic_mode_replays_in_a_cuda_graph() {
     let eager = d.download(&stream, &opts);
     compare_with_reference(&p, &eager, indexer_tests::CONTINUOUS_FLOORS).expect("eager");
 
-    stream
-        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .unwrap();
-    let captured = d.execute(&plan, &stream, p.loss_coeff);
-    let graph = stream
-        .end_capture(sys::CUgraphInstantiate_flags(0))
-        .unwrap()
-        .expect("graph");
-    captured.unwrap();
+    let graph = d.capture(&plan, &stream, p.loss_coeff).expect("graph");
     for replay in 0..2 {
         d.reset_targets(&stream, &p);
         graph.launch().unwrap();

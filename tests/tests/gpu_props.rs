@@ -44,22 +44,7 @@ fn case_with(
     topk: std::ops::RangeInclusive<usize>,
     scales: Vec<f32>,
 ) -> impl Strategy<Value = Case> {
-    let shape = (
-        1usize..=3,
-        seq_q,
-        seq_k,
-        prop::sample::select(heads),
-        prop::sample::select(dims),
-        topk,
-    )
-        .prop_map(|(batch, seq_q, seq_k, heads, head_dim, topk)| Shape {
-            batch,
-            seq_q,
-            seq_k,
-            heads,
-            head_dim,
-            topk,
-        });
+    let shape = common::shapes(heads, dims, seq_q, seq_k, topk);
     let opts = common::options(scales, false);
     (
         shape,

@@ -35,7 +35,7 @@
 //! and exits 0.
 
 use clap::Parser;
-use cudarc::driver::{sys, CudaContext, CudaGraph, CudaStream};
+use cudarc::driver::{CudaContext, CudaGraph, CudaStream};
 use dsa_indexer_bwd::{Backend, GradDtype, KeyIds, Options, Plan, ScoreKind, Shape};
 use indexer_tests::{
     compare_with_reference, gpu, DeviceProblem, Gen, GpuOut, Padding, Problem, Values,
@@ -427,15 +427,10 @@ fn worker(
             // Capture this problem's execute (warmed by an earlier one) on
             // this thread only; the other threads keep working.
             let _gate = stats.capture_gate.read().unwrap();
-            stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(|e| err("begin_capture", &e))?;
-            let captured = inst.d.execute(plan, &stream, inst.p.loss_coeff);
-            let graph = stream
-                .end_capture(sys::CUgraphInstantiate_flags(0))
-                .map_err(|e| err("end_capture", &e))?;
-            captured.map_err(|e| err("execute under capture", &e))?;
-            let graph = graph.ok_or_else(|| err("end_capture", &"no graph"))?;
+            let graph = inst
+                .d
+                .capture(plan, &stream, inst.p.loss_coeff)
+                .map_err(|e| err("capture", &e))?;
             graph.launch().map_err(|e| err("graph launch", &e))?;
             inst.graph = Some(graph);
             stats.graphs.fetch_add(1, Ordering::Relaxed);

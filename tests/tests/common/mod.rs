@@ -1,7 +1,35 @@
 //! Proptest strategies the GPU property suites share.
 
-use dsa_indexer_bwd::{GradDtype, KeyIds, Options, ScoreKind};
+use dsa_indexer_bwd::{GradDtype, KeyIds, Options, ScoreKind, Shape};
 use proptest::prelude::*;
+use std::ops::RangeInclusive;
+
+/// Shapes of B in 1..=3, H from `heads`, D from `dims` and the other sizes
+/// in the ranges.
+pub fn shapes(
+    heads: Vec<usize>,
+    dims: Vec<usize>,
+    seq_q: RangeInclusive<usize>,
+    seq_k: RangeInclusive<usize>,
+    topk: RangeInclusive<usize>,
+) -> impl Strategy<Value = Shape> {
+    (
+        1usize..=3,
+        seq_q,
+        seq_k,
+        prop::sample::select(heads),
+        prop::sample::select(dims),
+        topk,
+    )
+        .prop_map(|(batch, seq_q, seq_k, heads, head_dim, topk)| Shape {
+            batch,
+            seq_q,
+            seq_k,
+            heads,
+            head_dim,
+            topk,
+        })
+}
 
 /// Options with `sm_scale` from `scales` and every id convention, score
 /// kind and output type, in deterministic mode when `deterministic`.
