@@ -258,5 +258,12 @@ fn check_deterministic(kind: PathKind, shape: &Shape) -> Result<()> {
             expected: "at most 2^30 slots in deterministic mode",
         });
     }
+    if shape.topk > kernels_gpu::det::MAX_BIN_SLOTS as usize {
+        return Err(Error::Shape {
+            name: "topk",
+            value: shape.topk,
+            expected: "at most 2^21 in deterministic mode",
+        });
+    }
     Ok(())
 }

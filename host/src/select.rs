@@ -218,13 +218,13 @@ impl PathKind {
     pub(crate) fn kernels(self, opts: &Options) -> Vec<&'static str> {
         if let (true, PathKind::Sm90 { row, paired }) = (opts.deterministic, self) {
             use kernels_gpu::registry::{
-                det_twin, DET_BOUNDS, DET_FINISH, DET_SCALES, SM90_WG_PAIR,
+                det_twin, DET_BOUNDS, DET_FINISH, DET_KEY_SUMS, DET_SCALES, SM90_WG_PAIR,
             };
             let twin = |name| det_twin(name).map_or(name, |k| k.name);
             let mut kernels = vec![
                 row.stage1,
                 DET_BOUNDS.name,
-                DET_BOUNDS.name,
+                DET_KEY_SUMS.name,
                 DET_SCALES.name,
             ];
             if paired {
@@ -762,7 +762,7 @@ mod tests {
                 [
                     STAGE1.name,
                     "det_bounds",
-                    "det_bounds",
+                    "det_key_sums",
                     "det_scales",
                     "indexer_bwd_wg_pair_det_h64_d128",
                     "indexer_bwd_wg_det_h64_d128",

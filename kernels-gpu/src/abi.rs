@@ -302,19 +302,23 @@ pub struct DetParams {
     /// `d_index_k`, f32 or bf16 ([`DetParams::out_bf16`]) `(B, S_k, D)`,
     /// 8-byte aligned: written by `det_finish` only.
     pub d_index_k: u64,
-    /// `det_bounds`: 0 gathers the key rows' largest bound, 1 their sums.
-    pub phase: u32,
+    /// `det_key_sums`: query rows per CTA ([`crate::det::KeySumGrid`]).
+    pub rows: u32,
     /// 1: `d_index_k` is bf16, 0: f32.
     pub out_bf16: u32,
     /// Head dimension D.
     pub dim: u32,
-    /// Keeps the struct a multiple of 8 bytes.
-    pub _pad: u32,
+    /// `det_key_sums`: key rows per window (the bins of one CTA).
+    pub window: u32,
 }
 
 /// Threads per CTA of the deterministic mode's passes (`det_bounds`: one
-/// query row per CTA; `det_scales`, `det_finish`: grid-stride).
+/// query row per CTA; `det_scales`, `det_finish`: grid-stride; not
+/// `det_key_sums`, [`DET_KEY_SUM_THREADS`]).
 pub const DET_THREADS: u32 = 128;
+/// Threads per CTA of `det_key_sums` (many rows per CTA, see
+/// `det::KeySumGrid`).
+pub const DET_KEY_SUM_THREADS: u32 = 512;
 /// CTAs of the grid-stride passes (`det_scales`, `det_finish`) per SM.
 pub const DET_CTAS_PER_SM: u32 = 8;
 
@@ -324,7 +328,8 @@ pub const DET_CTAS_PER_SM: u32 = 8;
 /// memset before the passes; `key_exp` and `row_bound` are written whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DetLayout {
-    /// i32 `(B*S_k, D)`: the fixed-point accumulator.
+    /// i32 `(B*S_k, D)`: the fixed-point accumulator, two elements per u64
+    /// word (`det::pack_pair`).
     pub acc: u64,
     /// u64 per key row.
     pub key_sum: u64,

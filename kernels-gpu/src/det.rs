@@ -6,25 +6,31 @@
 //! gets its own power-of-two scale `2^s_k`, chosen before the gradient
 //! kernel runs from an upper bound on what its slots can add, and every
 //! contribution `v` is added as the integer `round(v * 2^s_k)` into an
-//! i32 accumulator. The passes, all on the call's stream:
+//! i32 accumulator (two per u64 word). The passes, all on the call's
+//! stream:
 //! 1. stage 1 (unchanged): `grad_signal`, and zeroes the accumulator;
-//! 2. `det_bounds`, phase 0: per query row the factor
+//! 2. `det_bounds`: per query row the factor
 //!    `R = |sm_scale| * sum_h |w_h| * max_d |q_hd|`, per valid slot its
 //!    bound `b = |grad_signal| * R` (no element of the slot's dK row
 //!    exceeds `b` by more than the tensor cores' rounding), and the
 //!    call's largest bound (an integer maximum of the f32 bits);
-//! 3. `det_bounds`, phase 1: per key row the sum of its slots' bounds,
-//!    each rounded up to a multiple of `2^(E - QUANT_BITS)` (`E` the
-//!    exponent of the largest bound), as a u64 integer sum (a slot's
-//!    bound far below the largest counts as one unit: a coarser scale
-//!    for key rows whose gradients are tiny against the largest);
+//! 3. `det_key_sums`: per key row the sum of its slots' bounds, each
+//!    rounded up to a multiple of `2^(E - QUANT_BITS)` (`E` the
+//!    exponent of the largest bound), as an integer sum (a slot's bound
+//!    far below the largest counts as one unit: a coarser scale for key
+//!    rows whose gradients are tiny against the largest); binned per CTA
+//!    in shared memory ([`split_units`], [`key_sum_grid`]), then one u64
+//!    reduction per key row and CTA;
 //! 4. `det_scales`: per key row the exponent `s_k` ([`key_exp`]) that
 //!    puts twice that sum below `2^ACC_BITS`;
 //! 5. the gradient kernel's deterministic twin: each staged dK element
-//!    `v` of key row `k` goes to `red.global.add.s32` as
-//!    `round(v * 2^s_k)`; a non-finite `v` sets a flag instead;
-//! 6. `det_finish`: `d_index_k = acc * 2^-s_k` (one rounding, from f64),
-//!    or the IEEE outcome of the flags (NaN, +inf, -inf).
+//!    `v` of key row `k` is rounded to the integer `round(v * 2^s_k)`
+//!    (one fma, [`ROUND_MAGIC`]), and two neighbouring elements go to one
+//!    `red.global.add.u64` ([`pack_pair`]); a non-finite `v` sets a flag
+//!    instead;
+//! 6. `det_finish`: `d_index_k = acc * 2^-s_k` (one rounding, from f64,
+//!    [`unpack_pair`]), or the IEEE outcome of the flags (NaN, +inf,
+//!    -inf).
 //!
 //! Every step is either order-independent integer arithmetic or a fixed
 //! sequence per thread, so every output bit is reproducible. No partial
@@ -149,6 +155,112 @@ pub fn finish(acc: i32, s: i32, flags: u8) -> f32 {
     }
 }
 
+/// Low bits of a slot's quantized bound that `det_key_sums` adds into
+/// one u32 bin, the rest going to a second (shared memory has no native
+/// 64-bit atomic addition): a slot's units are at most
+/// `2^(QUANT_BITS+1)`, so both bins stay below `2^32` for up to
+/// [`MAX_BIN_SLOTS`] slots per CTA.
+pub const BIN_LO_BITS: u32 = 11;
+/// Most slots one CTA of `det_key_sums` bins: `2^32 / 2^BIN_LO_BITS`.
+pub const MAX_BIN_SLOTS: u32 = 1 << (32 - BIN_LO_BITS);
+/// Most key rows in one CTA's bins (two u32 each: 64 KiB of shared
+/// memory); wider key ranges are split into windows, one CTA each.
+pub const MAX_WINDOW: u32 = 8192;
+const _: () = assert!(
+    (1u64 << (QUANT_BITS as u32 + 1 - BIN_LO_BITS)) * MAX_BIN_SLOTS as u64 <= u32::MAX as u64,
+    "a CTA's high bins fit 32 bits"
+);
+
+/// A slot's quantized bound as the two bin terms of `det_key_sums`:
+/// `(units mod 2^BIN_LO_BITS, units >> BIN_LO_BITS)`.
+pub const fn split_units(units: u64) -> (u32, u32) {
+    (
+        (units & ((1 << BIN_LO_BITS) - 1)) as u32,
+        (units >> BIN_LO_BITS) as u32,
+    )
+}
+
+/// A key row's bound units from its two bins (the sums of
+/// [`split_units`] over its slots).
+pub const fn join_units(lo: u32, hi: u32) -> u64 {
+    ((hi as u64) << BIN_LO_BITS) + lo as u64
+}
+
+/// The launch of `det_key_sums`: CTA `c` takes query rows
+/// `(c / windows) * rows ..` (at most `rows`) and the key rows of window
+/// `c % windows` (`window` wide).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeySumGrid {
+    /// Query rows per CTA.
+    pub rows: u32,
+    /// Key rows per window (the bins of one CTA).
+    pub window: u32,
+    /// Windows over the `B*S_k` key rows.
+    pub windows: u32,
+    /// CTAs: row chunks times windows.
+    pub ctas: u32,
+}
+
+/// [`KeySumGrid`] for `query_rows` (B*S_q) rows of `topk` slots over
+/// `key_rows` (B*S_k) keys on `sms` SMs: about two CTAs per SM in row
+/// chunks (fewer rows, more flushes of the bins; more rows, fewer CTAs),
+/// at most [`MAX_BIN_SLOTS`] slots a CTA. `None` where one row alone has
+/// more slots than a CTA may bin.
+pub fn key_sum_grid(query_rows: u32, topk: u32, key_rows: u32, sms: u32) -> Option<KeySumGrid> {
+    if topk == 0 || topk > MAX_BIN_SLOTS || query_rows == 0 || key_rows == 0 {
+        return None;
+    }
+    let window = key_rows.min(MAX_WINDOW);
+    let windows = key_rows.div_ceil(window);
+    let want = query_rows.div_ceil((2 * sms.max(1)).div_ceil(windows).max(1));
+    let rows = want.clamp(1, MAX_BIN_SLOTS / topk);
+    let ctas = query_rows.div_ceil(rows).checked_mul(windows)?;
+    Some(KeySumGrid {
+        rows,
+        window,
+        windows,
+        ctas,
+    })
+}
+
+/// `1.5 * 2^23`: where `x + ROUND_MAGIC`, rounded once to f32, lands in
+/// `[2^23, 2^24)` (f32's spacing there is 1), it is `round(x) +
+/// ROUND_MAGIC` exactly, ties to even: one fused multiply-add rounds a
+/// scaled contribution to an integer on the FMA pipe instead of the
+/// conversion unit ([`magic_int`] reads it back).
+pub const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// The integer `round(x)` held by `y = x + ROUND_MAGIC` (rounded once),
+/// or `None` where `y` lies outside `[2^23, 2^24)`: `|x|` near `2^22`
+/// or beyond, or `x` not finite, where the caller rounds `x` itself.
+pub const fn magic_int(y: f32) -> Option<i32> {
+    let i = (y.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    if (i.wrapping_add(1 << 22) as u32) < (1 << 23) {
+        Some(i)
+    } else {
+        None
+    }
+}
+
+/// Two fixed-point elements in one u64 accumulator word, `hi * 2^32 +
+/// lo` as a two's-complement integer, so that one `red.global.add.u64`
+/// adds both. Integer addition mod `2^64` is associative, so the word's
+/// sum is `(sum hi) * 2^32 + sum lo` in any order, and [`unpack_pair`]
+/// recovers both sums wherever each fits an i32 (the bound of the module
+/// note).
+pub const fn pack_pair(lo: i32, hi: i32) -> u64 {
+    ((hi as i64) << 32).wrapping_add(lo as i64) as u64
+}
+
+/// The two i32 sums of an accumulator word of [`pack_pair`]s: `lo` is
+/// its low 32 bits (as the sum of the `lo`s fits an i32), `hi` what is
+/// left, shifted down.
+pub const fn unpack_pair(w: u64) -> (i32, i32) {
+    let lo = w as u32 as i32;
+    let hi = ((w as i64).wrapping_sub(lo as i64) >> 32) as i32;
+    (lo, hi)
+}
+
 /// Whether every partial sum of `round(v * 2^s)` over `vs` fits an i32,
 /// for contributions bounded by `bounds` (`|vs[i]| <= 2 * bounds[i]`), the
 /// scale [`key_exp`] picks for them when the call's largest bound has
@@ -204,7 +316,7 @@ impl DetTables {
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a", not(kernels_lab)))]
 mod kernels;
 #[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a", not(kernels_lab)))]
-pub use kernels::{add, row_scale};
+pub use kernels::{add_pair, row_scale};
 
 #[cfg(test)]
 mod tests {
@@ -270,6 +382,125 @@ mod tests {
             .sum();
         assert!(total >= 2f64.powi(29), "{total}");
         assert!(total < 2f64.powi(31), "{total}");
+    }
+
+    #[test]
+    fn magic_rounding_is_round_ties_even_where_it_claims_to_be() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let edge = pow2_f64(22) as f32;
+        let mut xs: Vec<f32> = std::vec![
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            1.5,
+            2.5,
+            -2.5,
+            edge,
+            -edge,
+            edge - 0.5,
+            edge - 1.0,
+            -edge - 0.25,
+            -edge - 0.5,
+            edge + 0.5,
+            2.0 * edge,
+            1e-40,
+            -1e-45,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+        ];
+        for _ in 0..20000 {
+            let mag = pow2_f64((rng.next() % 30) as i32 - 4);
+            let sign = if rng.next().is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            };
+            xs.push((sign * mag * (0.5 + rng.unit())) as f32);
+            // Exact ties, and values one spacing from the edges.
+            xs.push((sign * ((rng.next() % (1 << 22)) as f64 + 0.5)) as f32);
+        }
+        for x in xs {
+            let y = x + ROUND_MAGIC;
+            let exact = x.is_finite() && (x.abs() as f64) < pow2_f64(22) - 0.5;
+            match magic_int(y) {
+                Some(i) => assert_eq!(i as f32, x.round_ties_even(), "{x}"),
+                None => assert!(!exact, "{x}: in range but refused"),
+            }
+        }
+    }
+
+    #[test]
+    fn packed_pairs_sum_in_any_order() {
+        let mut rng = Rng(0x5851_f42d_4c95_7f2d);
+        for case in 0..200 {
+            let n = 1 + (rng.next() % 500) as usize;
+            // Terms whose sums (and partial sums) stay inside the i32 range.
+            let lim = (1u64 << 31) / n as u64;
+            let mut term = || (rng.next() % (2 * lim)) as i64 - lim as i64;
+            let pairs: Vec<(i32, i32)> = (0..n).map(|_| (term() as i32, term() as i32)).collect();
+            let (lo, hi) = pairs
+                .iter()
+                .fold((0i64, 0i64), |(a, b), &(l, h)| (a + l as i64, b + h as i64));
+            let mut words: Vec<u64> = pairs.iter().map(|&(l, h)| pack_pair(l, h)).collect();
+            for _ in 0..3 {
+                let sum = words.iter().fold(0u64, |s, &w| s.wrapping_add(w));
+                assert_eq!(unpack_pair(sum), (lo as i32, hi as i32), "case {case}");
+                // Another order of the same additions.
+                let k = words.len();
+                for i in (1..k).rev() {
+                    words.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+                }
+            }
+        }
+        assert_eq!(
+            unpack_pair(pack_pair(i32::MIN, i32::MAX)),
+            (i32::MIN, i32::MAX)
+        );
+        assert_eq!(unpack_pair(pack_pair(-1, -1)), (-1, -1));
+    }
+
+    #[test]
+    fn split_bins_sum_to_the_units_without_overflow() {
+        let mut rng = Rng(0x1405_7b7e_f767_814f);
+        let max_units = 1u64 << (QUANT_BITS + 1);
+        for case in 0..100 {
+            let n = 1 + (rng.next() % 5000) as usize;
+            let units: Vec<u64> = (0..n).map(|_| 1 + rng.next() % max_units).collect();
+            let (lo, hi) = units.iter().fold((0u32, 0u32), |(l, h), &u| {
+                let (a, b) = split_units(u);
+                (l.checked_add(a).unwrap(), h.checked_add(b).unwrap())
+            });
+            assert_eq!(join_units(lo, hi), units.iter().sum::<u64>(), "case {case}");
+        }
+        // A CTA's worst case: MAX_BIN_SLOTS slots of the largest units.
+        let (a, b) = split_units(max_units);
+        assert!(a as u64 * MAX_BIN_SLOTS as u64 <= u32::MAX as u64);
+        assert!(b as u64 * MAX_BIN_SLOTS as u64 <= u32::MAX as u64);
+        assert!((((1u64 << BIN_LO_BITS) - 1) * MAX_BIN_SLOTS as u64) <= u32::MAX as u64);
+    }
+
+    #[test]
+    fn key_sum_grids_cover_every_row_and_key_within_the_bin_limits() {
+        for &(rows, topk, keys, sms) in &[
+            (8192u32, 2048u32, 4096u32, 132u32),
+            (8192, 128, 8192, 132),
+            (4096, 2048, 131072, 132),
+            (1, 1, 1, 1),
+            (3, 1 << 21, 5, 7),
+            (100_000, 64, 9000, 132),
+        ] {
+            let g = key_sum_grid(rows, topk, keys, sms).unwrap();
+            assert!(g.rows >= 1 && g.rows as u64 * topk as u64 <= MAX_BIN_SLOTS as u64);
+            assert!(g.window <= MAX_WINDOW && g.window as u64 * g.windows as u64 >= keys as u64);
+            assert!((g.windows - 1) * g.window < keys);
+            assert_eq!(g.ctas, rows.div_ceil(g.rows) * g.windows);
+        }
+        assert_eq!(key_sum_grid(8192, 2048, 4096, 132).unwrap().rows, 32);
+        assert_eq!(key_sum_grid(4, (1 << 21) + 1, 8, 1), None);
+        assert_eq!(key_sum_grid(0, 8, 8, 1), None);
     }
 
     #[test]

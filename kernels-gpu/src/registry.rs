@@ -16,8 +16,8 @@
 use crate::abi::{
     CastParams, CeilParams, DenseParams, DenseTileParams, DetParams, FwdParams, GradParams,
     Sm100Params, Sm100ProbeParams, Sm100SmokeParams, SmokeParams, CAST_THREADS, CEIL_BULK_THREADS,
-    DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, DET_THREADS, SM100_PROBE_THREADS,
-    SM100_SMOKE_THREADS, SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS,
+    DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, DET_KEY_SUM_THREADS, DET_THREADS,
+    SM100_PROBE_THREADS, SM100_SMOKE_THREADS, SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS,
     WATCHDOG_PROBE_THREADS,
 };
 
@@ -520,6 +520,17 @@ pub const DET_BOUNDS: Kernel = k(
     Targets::SM90A,
 );
 
+/// The deterministic mode's key-row bound sums (`det`): the grid of
+/// `det::key_sum_grid`, [`DET_KEY_SUM_THREADS`] threads, `8 * window` bytes
+/// of dynamic shared memory.
+pub const DET_KEY_SUMS: Kernel = k(
+    "det_key_sums",
+    Param::Det,
+    DET_KEY_SUM_THREADS,
+    Bounds::Max { min_ctas: 2 },
+    Targets::SM90A,
+);
+
 /// The deterministic mode's key-row exponents (`det`), grid-stride.
 pub const DET_SCALES: Kernel = k(
     "det_scales",
@@ -748,7 +759,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 68] = [
+pub const KERNELS: [Kernel; 69] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -815,6 +826,7 @@ pub const KERNELS: [Kernel; 68] = [
     SM90_WG_DET[7],
     SM90_WG_DET[8],
     DET_BOUNDS,
+    DET_KEY_SUMS,
     DET_SCALES,
     DET_FINISH,
 ];

@@ -21,9 +21,11 @@ use crate::modules::Loaded;
 use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 use kernels_gpu::abi::{
-    DetLayout, DetParams, GradParams, DET_CTAS_PER_SM, DET_THREADS, FLAG_PAIR_DISPATCH,
+    DetLayout, DetParams, GradParams, DET_CTAS_PER_SM, DET_KEY_SUM_THREADS, DET_THREADS,
+    FLAG_PAIR_DISPATCH,
 };
-use kernels_gpu::registry::{self, DET_BOUNDS, DET_FINISH, DET_SCALES, DET_SMEM};
+use kernels_gpu::det::{self, KeySumGrid};
+use kernels_gpu::registry::{self, DET_BOUNDS, DET_FINISH, DET_KEY_SUMS, DET_SCALES, DET_SMEM};
 use kernels_gpu::sm90;
 use std::sync::Arc;
 
@@ -57,6 +59,9 @@ pub(crate) struct Wgmma {
 /// the deterministic twins of the plan's wgmma kernels.
 pub(crate) struct DetKernels {
     bounds: CudaFunction,
+    key_sums: CudaFunction,
+    /// The launch of `key_sums` (`kernels_gpu::det::key_sum_grid`).
+    key_grid: KeySumGrid,
     scales: CudaFunction,
     finish: CudaFunction,
     /// The twin of `Wgmma::row`.
@@ -104,8 +109,21 @@ impl Wgmma {
                 })?;
                 module.kernel_with_smem(k.name, bytes)
             };
+            let key_grid = det::key_sum_grid(
+                shape.rows() as u32,
+                shape.topk as u32,
+                (shape.batch * shape.seq_k) as u32,
+                sms,
+            )
+            .ok_or(crate::Error::Shape {
+                name: "topk",
+                value: shape.topk,
+                expected: "at most 2^21 in deterministic mode",
+            })?;
             Some(DetKernels {
                 bounds: module.kernel(DET_BOUNDS.name)?,
+                key_sums: module.kernel_with_smem(DET_KEY_SUMS.name, 8 * key_grid.window)?,
+                key_grid,
                 scales: module.kernel(DET_SCALES.name)?,
                 finish: module.kernel(DET_FINISH.name)?,
                 row: twin(wg.kernel, wg.bytes)?,
@@ -212,8 +230,8 @@ impl Wgmma {
 
     /// Deterministic mode (`kernels_gpu::det`, whose note gives the
     /// order): the memset of the key tables, stage 1 (`zeroed` mark; it
-    /// zeroes the i32 accumulator at `run.params.dk_accum`), both phases
-    /// of the bounds, the exponents, the twins of the wgmma kernels, and
+    /// zeroes the fixed-point accumulator at `run.params.dk_accum`), the
+    /// bounds and their sums per key row, the exponents, the twins of the wgmma kernels, and
     /// the finish into `out` (`gradients` mark).
     ///
     /// # Safety
@@ -222,7 +240,7 @@ impl Wgmma {
     unsafe fn launch_det(&self, run: &Run<'_>, det: &DetKernels, out: DetOut) -> Result<()> {
         let (s, l) = (run.shape, &det.layout);
         let ws = run.params.dk_accum;
-        let mut dp = DetParams {
+        let dp = DetParams {
             grad: run.params,
             key_sum: ws + l.key_sum,
             bound_max: ws + l.bound_max,
@@ -230,15 +248,17 @@ impl Wgmma {
             key_exp: ws + l.key_exp,
             row_bound: ws + l.row_bound,
             d_index_k: out.d_index_k,
-            phase: 0,
+            rows: det.key_grid.rows,
             out_bf16: out.bf16 as u32,
             dim: s.head_dim as u32,
-            _pad: 0,
+            window: det.key_grid.window,
         };
         let rows = s.rows() as u32;
         // SAFETY: the workspace holds `l.bytes` (checked); every pass's
         // launch contract (`kernels_gpu::det`): `det_bounds` one CTA of
-        // DET_THREADS per row with DET_SMEM bytes, the grid-stride passes
+        // DET_THREADS per row with DET_SMEM bytes, `det_key_sums` the
+        // grid of `key_grid` (from this shape) with its bins, the
+        // grid-stride passes
         // any grid of DET_THREADS; ordinary launches, each after the one
         // before; the twins as the wgmma kernels (`launch_pair_then_row`).
         unsafe {
@@ -246,8 +266,16 @@ impl Wgmma {
             launch_stage1(run.stream, &self.stage1, s, &run.params)?;
             run.mark(|e| &e.zeroed)?;
             gpu::launch(run.stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
-            dp.phase = 1;
-            gpu::launch(run.stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
+            let g = &det.key_grid;
+            let bins = 8 * g.window;
+            gpu::launch(
+                run.stream,
+                &det.key_sums,
+                g.ctas,
+                DET_KEY_SUM_THREADS,
+                bins,
+                &dp,
+            )?;
             gpu::launch(
                 run.stream,
                 &det.scales,

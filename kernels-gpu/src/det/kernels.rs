@@ -1,52 +1,75 @@
 //! The deterministic mode's passes (device only): `det_bounds`,
-//! `det_scales`, `det_finish`, and the element addition the gradient
-//! kernels' deterministic twins call ([`add`]). The order of the passes
+//! `det_key_sums`, `det_scales`, `det_finish`, and the element addition
+//! the gradient kernels' deterministic twins call ([`add_pair`]). The order of the passes
 //! and why they suffice: the parent module's note.
 
 use super::DetTables;
-use super::{finish, floor_exp, key_exp, pow2_f32, quant_units, slot_bound, special_bit};
-use crate::abi::{DetParams, DET_THREADS};
-use crate::ptx::{cvt, global, smem, sreg, sync};
+use super::{finish, floor_exp, key_exp, magic_int, pack_pair, pow2_f32, quant_units};
+use super::{join_units, slot_bound, special_bit, split_units, unpack_pair, ROUND_MAGIC};
+use crate::abi::{DetParams, DET_KEY_SUM_THREADS, DET_THREADS};
+use crate::ptx::{arith, cvt, global, smem, sreg, sync};
 use crate::score::{load_id, resolve};
 
 /// The bound factor of query row `row`, `|sm_scale| * sum_h |w_h| *
 /// max_d |q_hd|` over the finite elements (a finite contribution has only
-/// finite terms), f32::MAX where it overflows. Heads are dealt to the
-/// CTA's warps round robin, each warp's sum in head order, the warps'
-/// sums added in warp order: the same value every run.
+/// finite terms), f32::MAX where it overflows. A head row is `D / 8`
+/// lanes of 16 bytes, so one warp instruction loads `256 / D` head rows;
+/// heads are dealt to the CTA's warps in those groups, round robin; each
+/// warp's terms are summed by a fixed butterfly, the warps' sums in warp
+/// order: the same value every run.
 ///
 /// # Safety
 /// Every thread of the CTA ([`DET_THREADS`]) calls it with the same `row`
-/// (a valid query row); 16 bytes of dynamic shared memory.
+/// (a valid query row); 16 bytes of dynamic shared memory; `index_q`
+/// 16-byte aligned, D a multiple of 8 and at most 256 (the wgmma
+/// kernels' shapes).
 unsafe fn row_factor(p: &DetParams, row: u32) -> f32 {
     let g = &p.grad;
     let (tid, heads, dim) = (sreg::thread_idx_x(), g.heads, p.dim);
     let (warp, lane) = (tid / 32, tid % 32);
     let q = g.index_q as *const u16;
     let w = g.weights as *const u16;
+    let lanes = dim / 8;
+    let per_load = 32 / lanes;
+    let (sub, col) = (lane / lanes, lane % lanes);
     let mut part = 0.0f32;
-    let mut h = warp;
-    while h < heads {
-        let base = (row as usize * heads as usize + h as usize) * dim as usize;
-        let mut m = 0u32;
-        let mut d = lane;
-        while d < dim {
-            // SAFETY: row < B*S_q, h < H, d < D: inside index_q.
-            let x = cvt::bf16_to_f32(unsafe { *q.add(base + d as usize) });
-            if x.is_finite() {
-                m = m.max(x.abs().to_bits());
+    let mut h0 = warp * per_load;
+    while h0 < heads {
+        let h = h0 + sub;
+        let mut m = 0.0f32;
+        if h < heads {
+            let at = (row as usize * heads as usize + h as usize) * dim as usize + 8 * col as usize;
+            // SAFETY: row < B*S_q, h < H, 8 col + 8 <= D: inside index_q,
+            // 16-byte aligned (16-byte aligned base, D % 8 == 0); not
+            // written during the call.
+            let eight = unsafe { global::ld_nc_v4(q.add(at) as *const u8) };
+            for i in 0..8 {
+                let v = cvt::bf16_to_f32((eight[i / 2] >> (16 * (i % 2))) as u16);
+                if v.is_finite() {
+                    m = m.max(v.abs());
+                }
             }
-            d += 32;
         }
-        // SAFETY: the whole warp (the loop over heads is warp-uniform).
-        let m = f32::from_bits(unsafe { sync::warp_max_u32(m) });
-        // SAFETY: inside weights.
-        let wv = cvt::bf16_to_f32(unsafe { *w.add(row as usize * heads as usize + h as usize) });
-        if wv.is_finite() {
-            part += wv.abs() * m;
+        // The head row's maximum over its `lanes` lanes (an aligned group
+        // of a power of two: XOR stays inside it).
+        let mut o = lanes / 2;
+        while o > 0 {
+            // SAFETY: the whole warp (the loops are warp-uniform).
+            m = m.max(unsafe { sync::shfl_xor_f32(m, o) });
+            o /= 2;
         }
-        h += DET_THREADS / 32;
+        if h < heads && col == 0 {
+            // SAFETY: inside weights.
+            let wv =
+                cvt::bf16_to_f32(unsafe { *w.add(row as usize * heads as usize + h as usize) });
+            if wv.is_finite() {
+                part += wv.abs() * m;
+            }
+        }
+        h0 += per_load * (DET_THREADS / 32);
     }
+    // SAFETY: the whole warp (the loop above reconverged).
+    let part = unsafe { sync::warp_sum_f32(part) };
     let s = smem::base();
     // SAFETY: 4 warps x 4 bytes of dynamic shared memory; the barrier
     // orders the writes before the reads (uniform control flow).
@@ -68,42 +91,26 @@ unsafe fn row_factor(p: &DetParams, row: u32) -> f32 {
     }
 }
 
-/// Phase 0 ([`DetParams::phase`]): each query row's factor
-/// (`row_bound`), and the largest slot bound of the call (`bound_max`:
-/// a maximum per CTA, then one integer maximum of the bits of
-/// non-negative f32). Phase 1: each key row's sum of its slots' bounds in
-/// units of `2^(E - QUANT_BITS)` (`E` the exponent of the largest bound),
-/// rounded up (`key_sum`). One CTA of [`DET_THREADS`] per query row.
+/// Each query row's factor (`row_bound`), and the largest slot
+/// bound of the call (`bound_max`: a maximum per CTA, then one integer
+/// maximum of the bits of non-negative f32). One CTA of [`DET_THREADS`]
+/// per query row.
 ///
 /// # Safety
 /// `B*S_q` CTAs, [`crate::registry::DET_SMEM`] bytes of dynamic shared
-/// memory; after stage 1 (the grad_signal in `attn_score`), phase 1 after
-/// phase 0, `key_sum` and `bound_max` zeroed before phase 0; `p.grad`
-/// validated by the host.
+/// memory; after stage 1 (the grad_signal in `attn_score`), `bound_max`
+/// zeroed before; `p.grad` validated by the host.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn det_bounds(p: DetParams) {
     let g = &p.grad;
     let row = sreg::block_idx_x();
     let tid = sreg::thread_idx_x();
-    let r = if p.phase == 0 {
-        // SAFETY: every thread of the CTA, one row.
-        let r = unsafe { row_factor(&p, row) };
-        if tid == 0 {
-            // SAFETY: row < B*S_q: inside row_bound.
-            unsafe { *(p.row_bound as *mut f32).add(row as usize) = r };
-        }
-        r
-    } else {
-        // SAFETY: written by phase 0.
-        unsafe { *(p.row_bound as *const f32).add(row as usize) }
-    };
-    // Phase 1: the units of the quantized bounds.
-    let e = if p.phase == 0 {
-        0
-    } else {
-        // SAFETY: written by phase 0.
-        floor_exp(unsafe { *(p.bound_max as *const u32) })
-    };
+    // SAFETY: every thread of the CTA, one row.
+    let r = unsafe { row_factor(&p, row) };
+    if tid == 0 {
+        // SAFETY: row < B*S_q: inside row_bound.
+        unsafe { *(p.row_bound as *mut f32).add(row as usize) = r };
+    }
     let b = row / g.seq_q;
     let mut largest = 0u32;
     let mut t = tid;
@@ -118,39 +125,116 @@ pub unsafe extern "ptx-kernel" fn det_bounds(p: DetParams) {
         };
         if key >= 0 {
             if let Some(bound) = slot_bound(gs, r) {
-                if p.phase == 0 {
-                    largest = largest.max(bound.to_bits());
-                } else {
-                    let units = cvt::f64_to_u64_rpi(quant_units(bound, e));
-                    // SAFETY: key < B*S_k: inside key_sum.
-                    unsafe {
-                        global::red_add_u64((p.key_sum as *mut u64).add(key as usize), units)
-                    };
-                }
+                largest = largest.max(bound.to_bits());
             }
         }
         t += DET_THREADS;
     }
-    if p.phase == 0 {
-        // SAFETY: every thread (the loop above reconverged): the warps'
-        // maxima through shared memory (DET_SMEM: one word per warp,
-        // written after `row_factor`'s reads behind a second barrier),
-        // then one reduction into `bound_max`.
-        unsafe {
-            let m = sync::warp_max_u32(largest);
-            let s = smem::base();
-            sync::bar_sync();
-            if tid % 32 == 0 {
-                smem::st_u32(s.add(4 * (tid / 32)), m);
+    // SAFETY: every thread (the loop above reconverged): the warps'
+    // maxima through shared memory (DET_SMEM: one word per warp, written
+    // after `row_factor`'s reads behind a second barrier), then one
+    // reduction into `bound_max`.
+    unsafe {
+        let m = sync::warp_max_u32(largest);
+        let s = smem::base();
+        sync::bar_sync();
+        if tid % 32 == 0 {
+            smem::st_u32(s.add(4 * (tid / 32)), m);
+        }
+        sync::bar_sync();
+        if tid == 0 {
+            let mut m = 0u32;
+            for w in 0..DET_THREADS / 32 {
+                m = m.max(smem::ld_u32(s.add(4 * w)));
             }
-            sync::bar_sync();
-            if tid == 0 {
-                let mut m = 0u32;
-                for w in 0..DET_THREADS / 32 {
-                    m = m.max(smem::ld_u32(s.add(4 * w)));
+            global::red_max_u32(p.bound_max as *mut u32, m);
+        }
+    }
+}
+
+/// Each key row's sum of its slots' bounds in units of
+/// `2^(E - QUANT_BITS)` (`E` the exponent of the largest bound), rounded
+/// up (`key_sum`). CTA `c` ([`super::KeySumGrid`]) bins the slots of
+/// query rows `(c / windows) * rows ..` whose keys fall in window `c %
+/// windows` in shared memory, two u32 per key row ([`split_units`]:
+/// shared memory's 64-bit addition is a compare-and-swap loop), then adds
+/// each non-empty bin to `key_sum` once: one global reduction per key row
+/// and CTA instead of one per slot (integer sums in any order, so the
+/// result is the same).
+///
+/// # Safety
+/// The grid of [`super::key_sum_grid`] for this call (`p.rows`,
+/// `p.window`), [`DET_KEY_SUM_THREADS`] threads, `8 * p.window` bytes of
+/// dynamic shared memory; after `det_bounds`; `key_sum` zeroed before.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
+    let g = &p.grad;
+    let tid = sreg::thread_idx_x();
+    let keys = g.batch * g.seq_k;
+    let windows = keys.div_ceil(p.window);
+    let (chunk, win) = (sreg::block_idx_x() / windows, sreg::block_idx_x() % windows);
+    let k0 = win * p.window;
+    let width = p.window.min(keys - k0);
+    let r0 = chunk * p.rows;
+    let r1 = (r0 + p.rows).min(g.batch * g.seq_q);
+    let (lo_bins, hi_bins) = (smem::base(), smem::base().add(4 * p.window));
+    // SAFETY: 8 * window bytes of dynamic shared memory: the two bin
+    // arrays; each thread zeroes its own words, the barrier orders them
+    // before every thread's additions (uniform control flow).
+    unsafe {
+        let mut k = tid;
+        while k < width {
+            smem::st_u32(lo_bins.add(4 * k), 0);
+            smem::st_u32(hi_bins.add(4 * k), 0);
+            k += DET_KEY_SUM_THREADS;
+        }
+        sync::bar_sync();
+    }
+    // SAFETY: written by `det_bounds`.
+    let e = floor_exp(unsafe { *(p.bound_max as *const u32) });
+    for row in r0..r1 {
+        // SAFETY: row < B*S_q: written by `det_bounds`.
+        let r = unsafe { *(p.row_bound as *const f32).add(row as usize) };
+        let b = row / g.seq_q;
+        let mut t = tid;
+        while t < g.topk {
+            let i = row as usize * g.topk as usize + t as usize;
+            // SAFETY: i < B*S_q*topk, the ids' and grad_signal's length.
+            let (key, gs) = unsafe {
+                (
+                    resolve(load_id(g, i), b, g),
+                    *(g.attn_score as *const f32).add(i),
+                )
+            };
+            let local = key.wrapping_sub(k0 as i32) as u32;
+            if key >= 0 && local < width {
+                if let Some(bound) = slot_bound(gs, r) {
+                    let (lo, hi) = split_units(cvt::f64_to_u64_rpi(quant_units(bound, e)));
+                    // SAFETY: local < width: inside both bin arrays.
+                    unsafe {
+                        smem::red_add_u32(lo_bins.add(4 * local), lo);
+                        smem::red_add_u32(hi_bins.add(4 * local), hi);
+                    }
                 }
-                global::red_max_u32(p.bound_max as *mut u32, m);
             }
+            t += DET_KEY_SUM_THREADS;
+        }
+    }
+    // SAFETY: the barrier (uniform control flow) orders every addition
+    // before the reads; k0 + k < B*S_k: inside key_sum.
+    unsafe {
+        sync::bar_sync();
+        let mut k = tid;
+        while k < width {
+            let (lo, hi) = (
+                smem::ld_u32(lo_bins.add(4 * k)),
+                smem::ld_u32(hi_bins.add(4 * k)),
+            );
+            if lo | hi != 0 {
+                let sum = (p.key_sum as *mut u64).add((k0 + k) as usize);
+                global::red_add_u64(sum, join_units(lo, hi));
+            }
+            k += DET_KEY_SUM_THREADS;
         }
     }
 }
@@ -159,7 +243,7 @@ pub unsafe extern "ptx-kernel" fn det_bounds(p: DetParams) {
 /// the call's largest bound. Grid-stride over the `B*S_k` key rows.
 ///
 /// # Safety
-/// After both phases of `det_bounds`; any grid of [`DET_THREADS`].
+/// After `det_key_sums`; any grid of [`DET_THREADS`].
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn det_scales(p: DetParams) {
     let n = p.grad.batch as usize * p.grad.seq_k as usize;
@@ -178,8 +262,9 @@ pub unsafe extern "ptx-kernel" fn det_scales(p: DetParams) {
     }
 }
 
-/// `d_index_k` from the fixed-point accumulator, the exponents and the
-/// flags (`super::finish`), four elements per thread and step, f32 or
+/// `d_index_k` from the fixed-point accumulator (two elements per u64
+/// word, [`unpack_pair`]), the exponents and the flags
+/// (`super::finish`), four elements per thread and step, f32 or
 /// bf16 ([`DetParams::out_bf16`]). Grid-stride over `B*S_k*D / 4`.
 ///
 /// # Safety
@@ -198,11 +283,13 @@ pub unsafe extern "ptx-kernel" fn det_finish(p: DetParams) {
         // the accumulator (16-byte aligned) and its flags; the exponent
         // table holds its row. Nothing else writes them in this kernel.
         unsafe {
-            let acc = global::ld_nc_v4((p.grad.dk_accum as *const u8).add(4 * e));
+            let w = global::ld_nc_v4((p.grad.dk_accum as *const u8).add(4 * e));
+            let (a0, a1) = unpack_pair(w[0] as u64 | (w[1] as u64) << 32);
+            let (a2, a3) = unpack_pair(w[2] as u64 | (w[3] as u64) << 32);
+            let acc = [a0, a1, a2, a3];
             let flags = *(p.specials as *const u32).add(i);
             let s = *(p.key_exp as *const i32).add(e / dim);
-            let v: [f32; 4] =
-                core::array::from_fn(|j| finish(acc[j] as i32, s, (flags >> (8 * j)) as u8));
+            let v: [f32; 4] = core::array::from_fn(|j| finish(acc[j], s, (flags >> (8 * j)) as u8));
             if p.out_bf16 != 0 {
                 let out = (p.d_index_k as *mut u32).add(e / 2);
                 *out = cvt::pack_bf16x2(v[0], v[1]);
@@ -225,21 +312,48 @@ pub unsafe fn row_scale(t: DetTables, row: usize) -> f32 {
     pow2_f32(unsafe { *t.key_exp.add(row) })
 }
 
-/// Adds dK contribution `v` to element `at` of the fixed-point
-/// accumulator `acc` (whose key row has scale `scale`, [`row_scale`]):
-/// `round(v * scale)`, or its flag where `v` is not finite.
+/// Adds dK contributions `v` to elements `2 word` and `2 word + 1` (one
+/// key row, of scale `scale`: [`row_scale`]) of the fixed-point
+/// accumulator `acc`, as one `red.global.add.u64` of their
+/// [`pack_pair`]: each `round(v * scale)`, through [`ROUND_MAGIC`] (one
+/// `fma`) where that holds it, else `cvt.rni`; 0 and its flag where `v`
+/// is not finite. Both roundings are ties-to-even of the exact product
+/// (`scale` a power of two), so the path taken changes no bit.
 ///
 /// # Safety
-/// `at` inside the accumulator and its flags (`t`'s).
+/// `word` inside the accumulator (`B*S_k*D / 2` words, 8-byte aligned),
+/// `t` the call's tables.
 #[inline(always)]
-pub unsafe fn add(t: DetTables, acc: *mut i32, at: usize, v: f32, scale: f32) {
-    // SAFETY: the caller's contract; both are atomic reductions.
-    unsafe {
-        if v.is_finite() {
-            global::red_add_s32(acc.add(at), cvt::f32_to_s32_rni(v * scale));
-        } else {
-            let bit = (special_bit(v) as u32) << (8 * (at % 4));
-            global::red_or_b32(t.specials.add(at / 4), bit);
-        }
+pub unsafe fn add_pair(t: DetTables, acc: *mut u64, word: usize, v: [f32; 2], scale: f32) {
+    let y = v.map(|x| arith::fma_rn(x, scale, ROUND_MAGIC));
+    let (lo, hi) = match (magic_int(y[0]), magic_int(y[1])) {
+        (Some(lo), Some(hi)) => (lo, hi),
+        // SAFETY: elements 2 word + j lie inside the flags (the caller's
+        // contract).
+        _ => unsafe {
+            (
+                slow_int(t, 2 * word, v[0], scale),
+                slow_int(t, 2 * word + 1, v[1], scale),
+            )
+        },
+    };
+    // SAFETY: the caller's contract; an atomic reduction.
+    unsafe { global::red_add_u64(acc.add(word), pack_pair(lo, hi)) };
+}
+
+/// `round(v * scale)` by `cvt.rni`, or 0 with element `at`'s flag set
+/// where `v` is not finite.
+///
+/// # Safety
+/// `at` inside the flags (`t`'s).
+#[inline(always)]
+unsafe fn slow_int(t: DetTables, at: usize, v: f32, scale: f32) -> i32 {
+    if v.is_finite() {
+        cvt::f32_to_s32_rni(v * scale)
+    } else {
+        let bit = (special_bit(v) as u32) << (8 * (at % 4));
+        // SAFETY: the caller's contract; an atomic reduction.
+        unsafe { global::red_or_b32(t.specials.add(at / 4), bit) };
+        0
     }
 }

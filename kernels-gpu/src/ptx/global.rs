@@ -80,22 +80,9 @@ pub unsafe fn red_add_v2_f32(p: *mut f32, v: [f32; 2]) {
     }
 }
 
-/// `red.global.add.s32`: atomic integer add without a return value
+/// `red.global.add.u64`: atomic 64-bit integer add without a return value
 /// (integer addition is associative, so the final sum does not depend on
 /// the order the additions land in).
-///
-/// # Safety
-/// `p` must be a 4-byte aligned i32 in global memory, valid for writes.
-#[inline(always)]
-pub unsafe fn red_add_s32(p: *mut i32, v: i32) {
-    // SAFETY: the caller guarantees a valid, aligned global address; the
-    // reduction is atomic, so concurrent adds from other threads are fine.
-    unsafe {
-        asm!("red.global.add.s32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
-    }
-}
-
-/// `red.global.add.u64`: atomic 64-bit integer add without a return value.
 ///
 /// # Safety
 /// `p` must be an 8-byte aligned u64 in global memory, valid for writes.

@@ -99,6 +99,19 @@ pub unsafe fn red_min_u32(a: SmemAddr, v: u32) {
     }
 }
 
+/// `red.shared.add.u32`: the word becomes itself plus `v` (mod 2^32).
+///
+/// # Safety
+/// As [`atom_cas_u32`].
+#[inline(always)]
+pub unsafe fn red_add_u32(a: SmemAddr, v: u32) {
+    // SAFETY: as `atom_cas_u32`.
+    unsafe {
+        asm!("red.shared.add.u32 [{a}], {v};", a = in(reg32) a.0, v = in(reg32) v,
+             options(nostack))
+    }
+}
+
 /// `st.shared.v4.b32`: 16 bytes.
 ///
 /// # Safety

@@ -97,7 +97,7 @@ pub(super) unsafe fn stage<const PAIRED: bool, const HALF: u32>(
 /// halves): its staging holds the sum, and each half reduces its groups of
 /// four slots from it.
 ///
-/// `DET`: the deterministic twin's reductions ([`det_row`]) instead of
+/// `DET`: the deterministic twin's reductions ([`det_add`]) instead of
 /// the f32 ones, into the fixed-point accumulator of `det`'s tables, with
 /// the scales of the staged rows' key rows in lanes `0..ROWS_PER_WARP` of
 /// `scales` ([`lane_scale`] of the item's slot set).
@@ -156,10 +156,14 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
             // (B*S_k, D) accumulator, 16-byte aligned.
             unsafe {
                 let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
+                let dv = if DET {
+                    det_vals::<16>(sdk.add(slot * DK_STRIDE), None, col)
+                } else {
+                    DET_NONE
+                };
                 if r >= 0 {
                     if DET {
-                        let src = sdk.add(slot * DK_STRIDE);
-                        det_row::<16>(det, dk, src, None, r as usize, col, scale);
+                        det_add::<16>(det, dk, dv, r as usize, col, scale);
                     } else {
                         let v = smem::ld_v4_f32(sdk.add(slot * DK_STRIDE + col * 16));
                         global::red_add_v4_f32(dk.add(r as usize * D + col as usize * 4), v);
@@ -246,11 +250,16 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
         // (host-checked base, D*4 a multiple of 16).
         unsafe {
             if let Some(comp) = fused {
+                let dv = if DET {
+                    let cdk = c.half_base(comp).add(l.dk);
+                    det_vals::<32>(cdk.add(slot * DK_STRIDE), None, lane)
+                } else {
+                    DET_NONE
+                };
                 if r >= 0 && fused_reducer(fused, slot, half) {
                     let cdk = c.half_base(comp).add(l.dk);
                     if DET {
-                        let src = cdk.add(slot * DK_STRIDE);
-                        det_row::<32>(det, dk, src, None, r as usize, lane, scale);
+                        det_add::<32>(det, dk, dv, r as usize, lane, scale);
                     } else {
                         let v = smem::ld_v4_f32(cdk.add(slot * DK_STRIDE + lane * 16));
                         global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
@@ -263,10 +272,14 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
             // slots, so every warp does half of them) reduces the sum of
             // both staged rows and the other skips it.
             let shared = PAIRED && r == pr;
-            if DET && r >= 0 && (!shared || (slot / 4) % 2 == half) {
+            let dv = if DET {
                 let other = shared.then(|| pbase.add(l.dk).add(slot * DK_STRIDE));
-                let src = sdk.add(slot * DK_STRIDE);
-                det_row::<32>(det, dk, src, other, r as usize, lane, scale);
+                det_vals::<32>(sdk.add(slot * DK_STRIDE), other, lane)
+            } else {
+                DET_NONE
+            };
+            if DET && r >= 0 && (!shared || (slot / 4) % 2 == half) {
+                det_add::<32>(det, dk, dv, r as usize, lane, scale);
             } else if r >= 0 && (!shared || (slot / 4) % 2 == half) {
                 let at = slot * DK_STRIDE + lane * 16;
                 let mut v = smem::ld_v4_f32(sdk.add(at));
@@ -280,39 +293,96 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
     }
 }
 
-/// The deterministic twin's reduction of one staged dK row (plus the
-/// other half's staging of the same slot, `other`, where both rows select
-/// the key) into key row `r` (of scale `scale`) of the fixed-point
-/// accumulator at `dk`:
-/// element `l + LANES j` (`j < 4`) by this thread, `LANES` threads a row
-/// (a warp for D = 128, a half-warp for D = 64), so each warp
-/// instruction adds `4 LANES` contiguous bytes per row, as many bytes
-/// per row as the f32 vector reductions.
+/// Words of a dK row in the deterministic twin's accumulator (two
+/// elements each, [`det::add_pair`]).
+const DET_WORDS: u32 = DIM / 2;
+/// Most words of a row one thread adds (D = 128 by a half-warp; the
+/// kernels reduce D = 128 rows by warps, two words a thread).
+const DET_MAX_WORDS: usize = 4;
+/// [`det_vals`] of the default kernels, which never read it.
+const DET_NONE: [[f32; 2]; DET_MAX_WORDS] = [[0.0; 2]; DET_MAX_WORDS];
+/// Words of a row each of its `LANES` threads adds.
+const fn det_words_per_lane(lanes: u32) -> usize {
+    let n = DET_WORDS / lanes;
+    assert!(DET_WORDS.is_multiple_of(lanes) && (n == 1 || n == 2 || n == 4));
+    n as usize
+}
+
+/// The deterministic twin's part of one staged dK row for thread `l`
+/// of the `LANES` that reduce it (a warp for D = 128, a half-warp for
+/// D = 64): its words `l + LANES j` (`j < 2`), each the sum of the
+/// staged row's two elements and, where both halves' rows select the key
+/// (`other`), the other half's (entries past [`det_words_per_lane`]
+/// unused). Loaded whether or not the slot is
+/// reduced (every staged row is written each item), so that the loads
+/// issue beside the key row's instead of after its test.
+///
+/// # Safety
+/// After barrier M (the staged rows complete); `src` (and `other`) a
+/// staged row (16-byte aligned: DK_STRIDE).
+#[inline(always)]
+unsafe fn det_vals<const LANES: u32>(
+    src: SmemAddr,
+    other: Option<SmemAddr>,
+    l: u32,
+) -> [[f32; 2]; DET_MAX_WORDS] {
+    let n = const { det_words_per_lane(LANES) };
+    // SAFETY: the caller's contract; word l + LANES j < DIM / 2 (j < n).
+    let word = |j: u32| unsafe {
+        let m = l + LANES * j;
+        let v = smem::ld_v2_f32(src.add(8 * m));
+        match other {
+            Some(o) => {
+                let w = smem::ld_v2_f32(o.add(8 * m));
+                [v[0] + w[0], v[1] + w[1]]
+            }
+            None => v,
+        }
+    };
+    // Written out (not a loop) so that the array stays in registers.
+    let mut out = DET_NONE;
+    out[0] = word(0);
+    if n > 1 {
+        out[1] = word(1);
+    }
+    if n > 2 {
+        out[2] = word(2);
+        out[3] = word(3);
+    }
+    out
+}
+
+/// Adds thread `l`'s words `v` ([`det_vals`]) of a staged dK row into key
+/// row `r` (of scale `scale`) of the fixed-point accumulator at `dk`, one
+/// `red.global.add.u64` per word ([`det::add_pair`]): each warp
+/// instruction adds `8 LANES` contiguous bytes of the row, half the bytes
+/// of an f32 vector reduction (PTX has no vector integer reduction).
 ///
 /// # Safety
 /// As the reductions of [`reduce_rows`]; `r` a valid key row, `det` the
 /// call's tables (after `det_scales`).
 #[inline(always)]
-unsafe fn det_row<const LANES: u32>(
+unsafe fn det_add<const LANES: u32>(
     det: DetTables,
     dk: *mut f32,
-    src: SmemAddr,
-    other: Option<SmemAddr>,
+    v: [[f32; 2]; DET_MAX_WORDS],
     r: usize,
     l: u32,
     scale: f32,
 ) {
-    const _: () = assert!(DIM == 128 || DIM == 64);
-    // SAFETY: the caller's contract; the staged row holds DIM f32.
-    unsafe {
-        for j in 0..4u32 {
-            let d = l + LANES * j;
-            let mut v = smem::ld_f32(src.add(4 * d));
-            if let Some(o) = other {
-                v += smem::ld_f32(o.add(4 * d));
-            }
-            det::add(det, dk as *mut i32, r * DIM as usize + d as usize, v, scale);
-        }
+    let n = const { det_words_per_lane(LANES) };
+    // SAFETY: the caller's contract; the key row holds DIM / 2 words.
+    let add = |j: usize| unsafe {
+        let word = r * DET_WORDS as usize + (l + LANES * j as u32) as usize;
+        det::add_pair(det, dk as *mut u64, word, v[j], scale);
+    };
+    add(0);
+    if n > 1 {
+        add(1);
+    }
+    if n > 2 {
+        add(2);
+        add(3);
     }
 }
 

@@ -175,7 +175,7 @@ fn cases() -> Vec<Case> {
             // Deterministic mode: the memset, stage 1, both bound phases,
             // the exponents, the paired kernel's twin computing (the row
             // kernel's twin exits) and the finish into f32.
-            name: "deterministic: stage1 + bounds + scales + wgmma paired twin + finish",
+            name: "deterministic: stage1 + bounds + key sums + scales + wgmma paired twin + finish",
             shape: shape(2, 24, 192, 64, 128, 256),
             opts: det(opts(Local, LogProbs, F32, F32)),
             gen: gen(Padding::OutOfRange, false),
