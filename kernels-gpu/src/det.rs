@@ -201,6 +201,14 @@ pub struct KeySumGrid {
     pub ctas: u32,
 }
 
+impl KeySumGrid {
+    /// Dynamic shared memory of a CTA: two u32 bins per key row of its
+    /// window.
+    pub const fn smem_bytes(&self) -> u32 {
+        8 * self.window
+    }
+}
+
 /// [`KeySumGrid`] for `query_rows` (B*S_q) rows of `topk` slots over
 /// `key_rows` (B*S_k) keys on `sms` SMs: about two CTAs per SM in row
 /// chunks (fewer rows, more flushes of the bins; more rows, fewer CTAs),

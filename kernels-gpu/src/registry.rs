@@ -510,45 +510,33 @@ pub fn det_base(twin: &Kernel) -> Option<&'static Kernel> {
     Some(&DET_BASES[i])
 }
 
-/// The deterministic mode's bound passes (`det`): one query row per CTA
-/// of [`DET_THREADS`], [`DET_SMEM`] bytes of dynamic shared memory.
-pub const DET_BOUNDS: Kernel = k(
-    "det_bounds",
-    Param::Det,
-    DET_THREADS,
-    Bounds::Max { min_ctas: 8 },
-    Targets::SM90A,
-);
+/// A pass of the deterministic mode (`det`, sm_90a only): at most
+/// `threads` threads, `min_ctas` resident CTAs per SM.
+const fn det_pass(name: &'static str, threads: u32, min_ctas: u32) -> Kernel {
+    k(
+        name,
+        Param::Det,
+        threads,
+        Bounds::Max { min_ctas },
+        Targets::SM90A,
+    )
+}
 
-/// The deterministic mode's key-row bound sums (`det`): the grid of
-/// `det::key_sum_grid`, [`DET_KEY_SUM_THREADS`] threads, `8 * window` bytes
-/// of dynamic shared memory.
-pub const DET_KEY_SUMS: Kernel = k(
-    "det_key_sums",
-    Param::Det,
-    DET_KEY_SUM_THREADS,
-    Bounds::Max { min_ctas: 2 },
-    Targets::SM90A,
-);
+/// The deterministic mode's bound pass: one query row per CTA of
+/// [`DET_THREADS`], [`DET_SMEM`] bytes of dynamic shared memory.
+pub const DET_BOUNDS: Kernel = det_pass("det_bounds", DET_THREADS, 8);
 
-/// The deterministic mode's key-row exponents (`det`), grid-stride.
-pub const DET_SCALES: Kernel = k(
-    "det_scales",
-    Param::Det,
-    DET_THREADS,
-    Bounds::Max { min_ctas: 8 },
-    Targets::SM90A,
-);
+/// The deterministic mode's key-row bound sums: the grid of
+/// `det::key_sum_grid`, [`DET_KEY_SUM_THREADS`] threads,
+/// `det::KeySumGrid::smem_bytes` of dynamic shared memory.
+pub const DET_KEY_SUMS: Kernel = det_pass("det_key_sums", DET_KEY_SUM_THREADS, 2);
 
-/// The deterministic mode's `d_index_k` from the fixed-point sums
-/// (`det`), grid-stride.
-pub const DET_FINISH: Kernel = k(
-    "det_finish",
-    Param::Det,
-    DET_THREADS,
-    Bounds::Max { min_ctas: 8 },
-    Targets::SM90A,
-);
+/// The deterministic mode's key-row exponents, grid-stride.
+pub const DET_SCALES: Kernel = det_pass("det_scales", DET_THREADS, 8);
+
+/// The deterministic mode's `d_index_k` from the fixed-point sums,
+/// grid-stride.
+pub const DET_FINISH: Kernel = det_pass("det_finish", DET_THREADS, 8);
 
 /// Dynamic shared memory of [`DET_BOUNDS`]: one f32 per warp.
 pub const DET_SMEM: u32 = DET_THREADS / 32 * 4;

@@ -18,6 +18,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
+mod common;
+
 /// SPEC's bound on `index_score` and `lse` (relative to f64).
 const TOL: f64 = 1e-5;
 
@@ -155,22 +157,7 @@ fn cases(
     seq_k: std::ops::RangeInclusive<usize>,
     topk: std::ops::RangeInclusive<usize>,
 ) -> impl Strategy<Value = Case> {
-    let shape = (
-        1usize..=3,
-        seq_q,
-        seq_k,
-        prop::sample::select(vec![16usize, 32, 64, 128]),
-        prop::sample::select(vec![64usize, 128]),
-        topk,
-    )
-        .prop_map(|(batch, seq_q, seq_k, heads, head_dim, topk)| Shape {
-            batch,
-            seq_q,
-            seq_k,
-            heads,
-            head_dim,
-            topk,
-        });
+    let shape = common::shapes(vec![16, 32, 64, 128], vec![64, 128], seq_q, seq_k, topk);
     (
         shape,
         prop::sample::select(vec![0.088f32, 0.125, 0.05, 0.3, 0.0, -0.1]),

@@ -122,7 +122,7 @@ impl Wgmma {
             })?;
             Some(DetKernels {
                 bounds: module.kernel(DET_BOUNDS.name)?,
-                key_sums: module.kernel_with_smem(DET_KEY_SUMS.name, 8 * key_grid.window)?,
+                key_sums: module.kernel_with_smem(DET_KEY_SUMS.name, key_grid.smem_bytes())?,
                 key_grid,
                 scales: module.kernel(DET_SCALES.name)?,
                 finish: module.kernel(DET_FINISH.name)?,
@@ -267,7 +267,7 @@ impl Wgmma {
             run.mark(|e| &e.zeroed)?;
             gpu::launch(run.stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
             let g = &det.key_grid;
-            let bins = 8 * g.window;
+            let bins = g.smem_bytes();
             gpu::launch(
                 run.stream,
                 &det.key_sums,

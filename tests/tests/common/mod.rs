@@ -1,4 +1,6 @@
-//! Proptest strategies the GPU property suites share.
+//! Proptest strategies the GPU property suites share (each suite uses
+//! some of them).
+#![allow(dead_code)]
 
 use dsa_indexer_bwd::{GradDtype, KeyIds, Options, ScoreKind, Shape};
 use proptest::prelude::*;
