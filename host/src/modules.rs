@@ -155,6 +155,7 @@ fn launched_by_plans(param: Param) -> bool {
         | Param::Cast
         | Param::Dense
         | Param::DenseTile
+        | Param::DenseDet
         | Param::Sm100Stage2
         | Param::Fwd
         | Param::Det => true,

@@ -241,6 +241,21 @@ pub struct DenseTileParams {
     pub flags: u32,
 }
 
+/// Parameter of dense mode's deterministic tile kernel
+/// (`indexer_dense_bwd_wg_det_h64_d128`): the tile kernel's parameter
+/// (first, so that its tensor maps stay at the same offsets) and the
+/// turn table (`dense_wg::turns`): u32 word 0 hands out the work items in
+/// arrival order, word `1 + c` counts the key items of chain `c` that
+/// added their dK sums. Zeroed before dense stage 1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DenseDetTileParams {
+    /// The tile kernel's parameter.
+    pub tile: DenseTileParams,
+    /// The turn table, `1 + chains` u32 (4-byte aligned).
+    pub turns: u64,
+}
+
 /// u32 words per work item of the dense tile kernel.
 pub const DENSE_ITEM_WORDS: usize = 8;
 /// Item kind (word 0) of a row item: `[ROWS, row0, nrows, key_start,
@@ -249,11 +264,16 @@ pub const DENSE_ITEM_WORDS: usize = 8;
 /// cover the longest row's visible keys. It writes the rows' dQ and dW.
 pub const DENSE_ITEM_ROWS: u32 = 0;
 /// Item kind (word 0) of a key item: `[KEYS, key_start, col0, nkeys,
-/// row_begin, row_end, 0, 0]`: keys `col0..col0 + nkeys` (`nkeys <= 128`)
+/// row_begin, row_end, chain, turn]`: keys `col0..col0 + nkeys` (`nkeys <= 128`)
 /// of the batch whose key 0 is key row `key_start`, against the query rows
 /// `row_begin..row_end` of that batch (a run of at most
 /// `dense_wg::ITEM_MAX_ROWS` of the rows that see one of them). It adds
-/// the keys' dK sums over those rows to the accumulator, once.
+/// the keys' dK sums over those rows to the accumulator, once. The runs
+/// of one 128-key tile form two chains (`chain`, `chain + 1`: its first and
+/// its second 64 keys) in which the run starting at the batch's first
+/// seeing row takes turn 0, the next turn 1, and so on; the
+/// deterministic twin adds a run's sums only after the turns before it
+/// (the default kernel ignores both words).
 pub const DENSE_ITEM_KEYS: u32 = 1;
 /// Threads per CTA of the dense tile kernel: two consumer warpgroups and
 /// a producer warpgroup (one warp of which loads; the others only give

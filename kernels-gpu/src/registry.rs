@@ -14,9 +14,9 @@
 //! This module uses only [`crate::abi`]; kernel modules may use it.
 
 use crate::abi::{
-    CastParams, CeilParams, DenseParams, DenseTileParams, DetParams, FwdParams, GradParams,
-    Sm100Params, Sm100ProbeParams, Sm100SmokeParams, SmokeParams, CAST_THREADS, CEIL_BULK_THREADS,
-    DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, DET_KEY_SUM_THREADS, DET_THREADS,
+    CastParams, CeilParams, DenseDetTileParams, DenseParams, DenseTileParams, DetParams, FwdParams,
+    GradParams, Sm100Params, Sm100ProbeParams, Sm100SmokeParams, SmokeParams, CAST_THREADS,
+    CEIL_BULK_THREADS, DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, DET_KEY_SUM_THREADS, DET_THREADS,
     SM100_PROBE_THREADS, SM100_SMOKE_THREADS, SM100_STAGE2_THREADS, SMOKE_THREADS, STAGE1_THREADS,
     WATCHDOG_PROBE_THREADS,
 };
@@ -105,6 +105,8 @@ pub enum Param {
     Dense,
     /// [`DenseTileParams`].
     DenseTile,
+    /// [`DenseDetTileParams`].
+    DenseDet,
     /// [`FwdParams`].
     Fwd,
     /// [`DetParams`].
@@ -126,6 +128,7 @@ impl Param {
             Param::Tag => size_of::<u32>(),
             Param::Dense => size_of::<DenseParams>(),
             Param::DenseTile => size_of::<DenseTileParams>(),
+            Param::DenseDet => size_of::<DenseDetTileParams>(),
             Param::Fwd => size_of::<FwdParams>(),
             Param::Det => size_of::<DetParams>(),
         }
@@ -428,6 +431,16 @@ pub const DENSE_WG: Kernel = Kernel {
         Bounds::Max { min_ctas: 1 },
         Targets::SM90A,
     )
+};
+
+/// The deterministic twin of [`DENSE_WG`] (`dense_wg`): the same body and
+/// launch shape, its work items taken in arrival order and each key
+/// item's dK sums added in its chain's turn; takes
+/// [`DenseDetTileParams`].
+pub const DENSE_WG_DET: Kernel = Kernel {
+    name: "indexer_dense_bwd_wg_det_h64_d128",
+    param: Param::DenseDet,
+    ..DENSE_WG
 };
 
 /// The wgmma row kernel for H = 32, D = 64 (`sm90`, the D = 64 body with
@@ -747,7 +760,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 69] = [
+pub const KERNELS: [Kernel; 70] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -770,6 +783,7 @@ pub const KERNELS: [Kernel; 69] = [
     SM90_WG_H128_D64,
     DENSE_STAGE1,
     DENSE_WG,
+    DENSE_WG_DET,
     SMOKE,
     CEIL_MMA,
     CEIL_SCATTER_RED,
@@ -855,9 +869,9 @@ const _: () = {
             a.tensor_maps
                 == matches!(
                     a.param,
-                    Param::Sm100Stage2 | Param::Sm100Probe | Param::DenseTile
+                    Param::Sm100Stage2 | Param::Sm100Probe | Param::DenseTile | Param::DenseDet
                 ),
-            "tensor maps travel in Sm100Params, Sm100ProbeParams and DenseTileParams"
+            "tensor maps travel in Sm100Params, Sm100ProbeParams and Dense(Det)TileParams"
         );
         assert!(a.threads > 0 && a.threads <= 1024);
         i += 1;

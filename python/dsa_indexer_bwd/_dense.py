@@ -28,10 +28,10 @@ def _dense_plan(device, dims, opts):
     """The cached native dense plan for (device ordinal, dims, options)."""
 
     def build():
-        sm_scale, dk, dw = opts
+        sm_scale, dk, dw, deterministic = opts
         return _native.DensePlan(
             device, dims.heads, dims.head_dim, sm_scale=sm_scale, d_index_k=dk, d_weights=dw,
-            **dims.layout_kwargs()
+            deterministic=deterministic, **dims.layout_kwargs()
         )
 
     return _plans.get(("dense", device, dims, opts), build)
@@ -56,6 +56,7 @@ def dense_indexer_backward(
     d_index_k_dtype=torch.float32,
     d_weights_dtype=torch.bfloat16,
     inplace=False,
+    deterministic=False,
 ):
     """Dense-mode backward of the lightning indexer's KL loss: every query
     row against every causal key (docs/spec.md of the repository, "Dense mode").
@@ -94,6 +95,12 @@ def dense_indexer_backward(
     the crate's dense CPU path (f64 inside, multi-threaded) runs to
     completion.
 
+    ``deterministic=True``: every output bitwise the same from run to run
+    (``d_index_k``'s sums added in a fixed order; docs/architecture.md,
+    "Deterministic mode"); on CUDA tensors it runs where the GPU path does
+    and raises ``NotImplementedError`` elsewhere; the CPU path is
+    deterministic either way.
+
     Raises ``TypeError`` (a non-tensor or a wrong dtype, naming it),
     ``ValueError`` (shape, contiguity, device, layout, alignment, overlap, a
     non-finite scalar, a shape outside the supported envelope),
@@ -114,6 +121,8 @@ def dense_indexer_backward(
     dims, where = _checks.check_dense_tensors(
         tensors, cu_seqlens_q, cu_seqlens_k, q_offset, ratio
     )
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     sm, _, _, dk_name, dw_name, _ = _checks.check_options(
         sm_scale, loss_coeff, "global", "probs", d_index_k_dtype, d_weights_dtype, "auto"
     )
@@ -153,7 +162,7 @@ def dense_indexer_backward(
         return out
 
     gl = _grad_loss_f32(grad_loss, number, device)
-    plan = _dense_plan(where.index, dims, (sm, dk_name, dw_name))
+    plan = _dense_plan(where.index, dims, (sm, dk_name, dw_name, deterministic))
     ws_bytes = plan.workspace_bytes
     workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     # The temporaries come from torch's caching allocator on this stream, so

@@ -15,8 +15,8 @@ Operators (namespace ``dsa_indexer``; none mutates its inputs):
   score_cols, q_offset, ratio, sm_scale) -> (index_score, index_lse)``
 - ``dense_backward(index_q, weights, index_k, attn_score, attn_l1norm,
   index_score, index_lse, grad_loss, cu_seqlens_q, cu_seqlens_k, q_offset,
-  ratio, sm_scale, loss_coeff, d_index_k_dtype) -> (grad_signal, d_index_q,
-  d_weights, d_index_k)``
+  ratio, sm_scale, loss_coeff, d_index_k_dtype, deterministic=False) ->
+  (grad_signal, d_index_q, d_weights, d_index_k)``
 - ``kl_loss`` and ``dense_kl_loss``: the loss and what its backward needs
   (:func:`indexer_loss`, :func:`dense_indexer_loss`).
 
@@ -165,18 +165,21 @@ def dense_backward(
     sm_scale: float,
     loss_coeff: float,
     d_index_k_dtype: str,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     g = dense_indexer_backward(
         index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss,
         sm_scale=sm_scale, loss_coeff=loss_coeff, ratio=ratio,
-        d_index_k_dtype=_DT[d_index_k_dtype], **_layout(cu_seqlens_q, cu_seqlens_k, q_offset),
+        d_index_k_dtype=_DT[d_index_k_dtype], deterministic=deterministic,
+        **_layout(cu_seqlens_q, cu_seqlens_k, q_offset),
     )
     return g.grad_signal, g.d_index_q, g.d_weights, g.d_index_k
 
 
 @dense_backward.register_fake
 def _(index_q, weights, index_k, attn_score, attn_l1norm, index_score, index_lse, grad_loss,
-      cu_seqlens_q, cu_seqlens_k, q_offset, ratio, sm_scale, loss_coeff, d_index_k_dtype):
+      cu_seqlens_q, cu_seqlens_k, q_offset, ratio, sm_scale, loss_coeff, d_index_k_dtype,
+      deterministic=False):
     return (
         torch.empty_like(index_score),
         torch.empty_like(index_q),
@@ -329,6 +332,7 @@ def dense_kl_loss(
     ratio: int,
     sm_scale: float,
     loss_coeff: float,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     kw = _layout(cu_seqlens_q, cu_seqlens_k, q_offset)
     if len(cu_seqlens_q) > 0:
@@ -343,7 +347,7 @@ def dense_kl_loss(
 
 @dense_kl_loss.register_fake
 def _(index_q, weights, index_k, attn_score, attn_l1norm, cu_seqlens_q, cu_seqlens_k, q_offset,
-      ratio, sm_scale, loss_coeff):
+      ratio, sm_scale, loss_coeff, deterministic=False):
     return (
         index_q.new_empty((), dtype=torch.float32),
         torch.empty_like(attn_score),
@@ -353,22 +357,23 @@ def _(index_q, weights, index_k, attn_score, attn_l1norm, cu_seqlens_q, cu_seqle
 
 def _dense_setup(ctx, inputs, output):
     (index_q, weights, index_k, attn_score, attn_l1norm, cu_q, cu_k, q_offset, ratio, sm_scale,
-     loss_coeff) = inputs
+     loss_coeff) = inputs[:11]
+    deterministic = inputs[11] if len(inputs) > 11 else False
     ctx.save_for_backward(index_q, weights, index_k, attn_score, attn_l1norm, output[1],
                           output[2])
     ctx.args = (list(cu_q), list(cu_k), list(q_offset), ratio, sm_scale, loss_coeff,
-                str(index_k.dtype).replace("torch.", ""))
+                str(index_k.dtype).replace("torch.", ""), deterministic)
 
 
 def _dense_backward(ctx, grad_loss, _g_logits, _g_lse):
     index_q, weights, index_k, attn_score, attn_l1norm, logits, lse = ctx.saved_tensors
-    cu_q, cu_k, q_offset, ratio, sm_scale, loss_coeff, dk = ctx.args
+    cu_q, cu_k, q_offset, ratio, sm_scale, loss_coeff, dk, deterministic = ctx.args
     _, dq, dw, dk_ = dense_backward(
         index_q, weights, index_k, attn_score, attn_l1norm, logits, lse,
         grad_loss.reshape(1).to(torch.float32), cu_q, cu_k, q_offset, ratio, sm_scale,
-        loss_coeff, dk,
+        loss_coeff, dk, deterministic,
     )
-    return dq, dw, dk_, None, None, None, None, None, None, None, None
+    return dq, dw, dk_, None, None, None, None, None, None, None, None, None
 
 
 dense_kl_loss.register_autograd(_dense_backward, setup_context=_dense_setup)
@@ -376,7 +381,7 @@ dense_kl_loss.register_autograd(_dense_backward, setup_context=_dense_setup)
 
 def dense_indexer_loss(
     index_q, weights, index_k, attn_score, attn_l1norm, *, cu_seqlens_q=None, cu_seqlens_k=None,
-    q_offset=None, ratio=1, sm_scale=1.0, loss_coeff=1.0,
+    q_offset=None, ratio=1, sm_scale=1.0, loss_coeff=1.0, deterministic=False,
 ):
     """Dense mode's KL loss (docs/spec.md, "Dense mode": ``target_j =
     max(attn_j / (l1 + 1e-10), CLIP)``, ``predict_j = exp(logit_j - lse)``
@@ -386,7 +391,11 @@ def dense_indexer_loss(
     the inputs, the logits and their row log-sum-exp). Layouts as in
     :func:`dense_indexer_forward`, ``cu_seqlens`` and ``q_offset`` as
     integer lists; the packed score tensors' columns are ``attn_score``'s.
+    ``deterministic=True`` runs the backward in deterministic mode
+    (:func:`dense_indexer_backward`).
     """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     def ints(v):
         if v is None:
             return []
@@ -402,6 +411,6 @@ def dense_indexer_loss(
         offs = ints(q_offset)
     loss, _, _ = dense_kl_loss(
         index_q, weights, index_k, attn_score, attn_l1norm, cu_q, cu_k, offs, int(ratio),
-        float(sm_scale), float(loss_coeff),
+        float(sm_scale), float(loss_coeff), deterministic,
     )
     return loss

@@ -60,13 +60,19 @@ pub(crate) fn dense_shape(
     Ok(shape)
 }
 
-/// Options of dense mode: `sm_scale` and the two output types (the other
-/// fields do not apply).
-fn dense_options(sm_scale: f32, d_index_k: &str, d_weights: &str) -> PyResult<Options> {
+/// Options of dense mode: `sm_scale`, the two output types and the
+/// deterministic mode (the other fields do not apply).
+fn dense_options(
+    sm_scale: f32,
+    d_index_k: &str,
+    d_weights: &str,
+    deterministic: bool,
+) -> PyResult<Options> {
     let opts = Options {
         sm_scale,
         d_index_k: grad_dtype(d_index_k, "d_index_k")?,
         d_weights: grad_dtype(d_weights, "d_weights")?,
+        deterministic,
         ..Options::default()
     };
     opts.validate().map_err(py_err)?;
@@ -87,7 +93,8 @@ impl PyDensePlan {
     #[new]
     #[pyo3(signature = (device, heads, head_dim, *, bshd=None, cu_seqlens_q=None,
                         cu_seqlens_k=None, score_cols=None, q_offset=None, ratio=1,
-                        sm_scale=1.0, d_index_k="float32", d_weights="bfloat16"))]
+                        sm_scale=1.0, d_index_k="float32", d_weights="bfloat16",
+                        deterministic=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -103,6 +110,7 @@ impl PyDensePlan {
         sm_scale: f32,
         d_index_k: &str,
         d_weights: &str,
+        deterministic: bool,
     ) -> PyResult<Self> {
         let shape = dense_shape(
             heads,
@@ -114,13 +122,13 @@ impl PyDensePlan {
             q_offset,
             ratio,
         )?;
-        let opts = dense_options(sm_scale, d_index_k, d_weights)?;
+        let opts = dense_options(sm_scale, d_index_k, d_weights, deterministic)?;
         let plan = build_plan(py, device, |ctx| dense::Plan::new(ctx, shape, opts))?;
         Ok(PyDensePlan { plan, device })
     }
 
     /// Device workspace bytes `execute` needs (f32 dK accumulator for a
-    /// bf16 `d_index_k`, else 0).
+    /// bf16 `d_index_k`, else 0; deterministic mode's tables with it).
     #[getter]
     fn workspace_bytes(&self) -> usize {
         self.plan.workspace_bytes()
@@ -242,7 +250,7 @@ pub(crate) fn dense_cpu_execute(
         q_offset,
         ratio,
     )?;
-    let opts = dense_options(sm_scale, d_index_k_dtype, d_weights_dtype)?;
+    let opts = dense_options(sm_scale, d_index_k_dtype, d_weights_dtype, false)?;
     let (score, rows) = (s.score_len(), s.rows());
     let (q, w, k) = (s.q_len(), s.w_len(), s.k_len());
     check_host(&[

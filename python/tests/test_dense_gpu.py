@@ -299,6 +299,27 @@ class Gpu(unittest.TestCase):
                                    cu_seqlens_q=torch.tensor(PACKED.cu_q, dtype=torch.float32),
                                    cu_seqlens_k=PACKED.cu_k)
 
+    def test_deterministic_mode_repeats_itself_bit_for_bit(self):
+        # 600 query rows: each key tile's sums come from three runs of rows
+        # (the tile twin's chains); H = 16, D = 64 runs the sparse twins.
+        for layout, dk in ((Layout(64, 128, bshd=(1, 600, 600)), torch.float32),
+                           (Layout(16, 64, bshd=(1, 300, 200), ratio=2), torch.bfloat16)):
+            case = Case(layout, dk, torch.float32)
+            with self.subTest(case=repr(case)):
+                x, first = case.check(self, "cuda", seed=8, deterministic=True)
+                for _ in range(2):
+                    again = dense_indexer_backward(
+                        *x, sm_scale=case.sm_scale, loss_coeff=case.loss_coeff,
+                        d_index_k_dtype=dk, d_weights_dtype=torch.float32,
+                        deterministic=True, **layout.kwargs())
+                    for name in ("grad_signal", "d_index_q", "d_weights", "d_index_k"):
+                        a, b = getattr(first, name), getattr(again, name)
+                        self.assertTrue(torch.equal(a.view(torch.int8), b.view(torch.int8)),
+                                        f"{case}: {name}")
+        x = make_problem(BSHD[0], "cuda")
+        with self.assertRaisesRegex(TypeError, "deterministic: expected a bool"):
+            dense_indexer_backward(*x, deterministic=1, **BSHD[0].kwargs())
+
     def test_few_columns_are_not_implemented_on_the_gpu(self):
         layout = Layout(16, 64, bshd=(1, 8, 16))
         x = make_problem(layout, "cuda")

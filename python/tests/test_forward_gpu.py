@@ -244,6 +244,28 @@ class OpsTest(unittest.TestCase):
         for name, a, r in zip(("d_index_q", "d_weights", "d_index_k"), leaves, ref):
             self.assertLess(rel(a.grad, r.grad), 8e-3, name)
 
+    def test_deterministic_dense_loss_gradients_repeat_bit_for_bit(self):
+        g = torch.Generator().manual_seed(11)
+        b, s, h, d = 1, 520, 64, 128
+        q = ((torch.rand(b, s, h, d, generator=g) * 2 - 1).bfloat16()).cuda()
+        w = ((torch.rand(b, s, h, generator=g) * 2 - 1).bfloat16()).cuda()
+        k = ((torch.rand(b, s, d, generator=g) * 2 - 1).bfloat16()).cuda()
+        causal = torch.tril(torch.ones(s, s, dtype=torch.bool)).cuda()
+        attn = torch.rand(b, s, s, generator=g).cuda() * causal
+        l1 = attn.sum(-1)
+        grads = []
+        for _ in range(3):
+            leaves = [x.clone().requires_grad_() for x in (q, w, k)]
+            dense_indexer_loss(*leaves, attn, l1, sm_scale=0.1, deterministic=True).backward()
+            grads.append([x.grad for x in leaves])
+        for gr in grads[1:]:
+            for name, a, c in zip(("d_index_q", "d_weights", "d_index_k"), grads[0], gr):
+                self.assertTrue(torch.equal(a.view(torch.int16), c.view(torch.int16)), name)
+        leaves = [x.clone().requires_grad_() for x in (q, w, k)]
+        dense_indexer_loss(*leaves, attn, l1, sm_scale=0.1).backward()
+        for name, a, c in zip(("d_index_q", "d_weights", "d_index_k"), grads[0], leaves):
+            self.assertLess(rel(a, c.grad), 1e-3, name)
+
     def test_compiled_losses_equal_eager(self):
         q, w, k, ids, target = problem(1, 16, 256, 64, 128, 128, "global", "cuda", seed=2)
 

@@ -286,12 +286,14 @@ fn tile_shape_strategy() -> impl Strategy<Value = (dense::Shape, Options, u64)> 
 /// Runs `cases` problems of `strategy` on the GPU against the f64 dense
 /// reference (`compare_dense`: SPEC's tolerances and 2x the f32/bf16-dS
 /// reference), each twice with bitwise-equal grad_signal, d_index_q and
-/// d_weights; the plan must take the GPU path. Nothing on a GPU other than
-/// compute capability 9.0.
+/// d_weights (and d_index_k with `deterministic`, which sets the option);
+/// the plan must take the GPU path. Nothing on a GPU other than compute
+/// capability 9.0.
 fn check_random_problems(
     name: &str,
     cases: u32,
     strategy: impl Strategy<Value = (dense::Shape, Options, u64)>,
+    deterministic: bool,
 ) {
     let Some(ctx) = gpu(name) else {
         return;
@@ -307,6 +309,10 @@ fn check_random_problems(
     });
     runner
         .run(&strategy, |(shape, opts, seed)| {
+            let opts = Options {
+                deterministic,
+                ..opts
+            };
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.05);
             let plan = Plan::new(&ctx, shape, opts).unwrap();
@@ -321,7 +327,13 @@ fn check_random_problems(
             let b = d.download(&stream, &opts);
             prop_assert!(same_bits(&a.grad_signal, &b.grad_signal));
             prop_assert!(same_bits(&a.d_index_q, &b.d_index_q));
-            prop_assert_eq!(a.d_weights_bits, b.d_weights_bits);
+            prop_assert_eq!(&a.d_weights_bits, &b.d_weights_bits);
+            if deterministic {
+                let dk = |o: &indexer_tests::GpuOut| -> Vec<u64> {
+                    o.d_index_k.iter().map(|x| x.to_bits()).collect()
+                };
+                prop_assert!(dk(&a) == dk(&b), "d_index_k differs between runs");
+            }
             Ok(())
         })
         .unwrap();
@@ -334,6 +346,7 @@ fn dense_gpu_matches_the_reference_on_random_problems() {
         "dense_gpu_matches_the_reference_on_random_problems",
         48,
         shape_strategy(),
+        false,
     );
 }
 
@@ -345,7 +358,18 @@ fn dense_tiles_match_the_reference_on_random_problems() {
         "dense_tiles_match_the_reference_on_random_problems",
         40,
         tile_shape_strategy(),
+        false,
     );
+}
+
+/// Deterministic mode on 24 random problems of each strategy
+/// ([`check_random_problems`]): the tile kernel's twin at H = 64,
+/// D = 128, the sparse path's twins elsewhere.
+#[test]
+fn dense_deterministic_mode_matches_the_reference_on_random_problems() {
+    let name = "dense_deterministic_mode_matches_the_reference_on_random_problems";
+    check_random_problems(name, 24, shape_strategy(), true);
+    check_random_problems(name, 24, tile_shape_strategy(), true);
 }
 
 /// `dense::run` with `allow_gpu` on host data: on compute capability 9.0

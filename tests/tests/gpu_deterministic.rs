@@ -5,7 +5,8 @@
 //! tolerances of the CPU reference; random shapes over the whole envelope
 //! of the Hopper fast path (H in {16, 32, 64, 128}, D in {64, 128},
 //! topk > 64), both id conventions, B > 1, duplicates, paired rows, f32
-//! and bf16 outputs.
+//! and bf16 outputs; dense mode on both of its strategies; and, where the
+//! machine has two GPUs of one model, the same bits on each.
 
 mod common;
 
@@ -244,6 +245,196 @@ fn gpu_deterministic_outputs_do_not_depend_on_streams_or_interleaving() {
     }
 }
 
+/// Dense mode: long causal sequences, so that each key tile's sums come
+/// from several runs of query rows (the tile twin's chains of up to five
+/// turns) and, at other H x D, from every visible row (the sparse
+/// strategy's twins). Each problem runs on the default stream, then three
+/// rounds of two deterministic runs on two streams with a default-mode
+/// run on a third between them, queued in changing orders: every
+/// deterministic run writes the bits of the first, which is within the
+/// dense reference's tolerances. The default mode's d_index_k differences
+/// are printed (not asserted).
+#[test]
+fn gpu_deterministic_dense_mode_does_not_depend_on_streams_or_interleaving() {
+    use indexer_tests::dense::{compare_dense, DenseDevice, DenseProblem};
+    let Some(ctx) = gpu("gpu_deterministic_dense_mode_does_not_depend_on_streams_or_interleaving")
+    else {
+        return;
+    };
+    if ctx.compute_capability().unwrap() != (9, 0) {
+        return;
+    }
+    let cases = [
+        (dense::Shape::bshd(1, 1100, 1100, 64, 128), GradDtype::F32),
+        (
+            dense::Shape::varlen(vec![0, 700, 1000], vec![0, 600, 1300], 64, 128)
+                .with_q_offset(vec![0, 250])
+                .with_ratio(2),
+            GradDtype::Bf16,
+        ),
+        (dense::Shape::bshd(2, 300, 260, 32, 128), GradDtype::F32),
+        (dense::Shape::bshd(1, 400, 400, 64, 64), GradDtype::Bf16),
+    ];
+    for (i, (shape, dk)) in cases.into_iter().enumerate() {
+        let opts = Options {
+            d_index_k: dk,
+            d_weights: GradDtype::F32,
+            deterministic: true,
+            ..Options::default()
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(40 + i as u64);
+        let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.05);
+        let plan = dense::Plan::new(&ctx, shape.clone(), opts).expect("plan");
+        let fast_opts = Options {
+            deterministic: false,
+            ..opts
+        };
+        let fast = dense::Plan::new(&ctx, shape.clone(), fast_opts).expect("default plan");
+        assert!(plan.on_gpu() && fast.on_gpu());
+        let stream = ctx.default_stream();
+        let mut d = DenseDevice::upload(&stream, &p, plan.workspace_bytes());
+        d.execute(&plan, &stream, p.loss_coeff).unwrap();
+        let first = d.download(&stream, &opts);
+        let det_err = compare_dense(&p, &first, indexer_tests::CONTINUOUS_FLOORS)
+            .unwrap_or_else(|e| panic!("case {i}: {e}"));
+        let (s1, s2, s3) = (
+            ctx.new_stream().unwrap(),
+            ctx.new_stream().unwrap(),
+            ctx.new_stream().unwrap(),
+        );
+        let mut default_runs = Vec::new();
+        for round in 0..3 {
+            let mut d1 = DenseDevice::upload(&s1, &p, plan.workspace_bytes());
+            let mut d2 = DenseDevice::upload(&s2, &p, plan.workspace_bytes());
+            let mut d3 = DenseDevice::upload(&s3, &p, fast.workspace_bytes());
+            for s in [&s1, &s2, &s3] {
+                s.synchronize().unwrap();
+            }
+            let mut one = || d1.execute(&plan, &s1, p.loss_coeff).unwrap();
+            match round {
+                0 => {
+                    one();
+                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
+                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
+                }
+                1 => {
+                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
+                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
+                    one();
+                }
+                _ => {
+                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
+                    one();
+                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
+                }
+            }
+            for s in [&s1, &s2, &s3] {
+                s.synchronize().unwrap();
+            }
+            for (which, r) in [
+                ("stream 1", d1.download(&s1, &opts)),
+                ("stream 2", d2.download(&s2, &opts)),
+            ] {
+                if let Err(e) = same_outputs(&first, &r) {
+                    panic!("case {i} {dk:?}: round {round}, {which}: {e}");
+                }
+            }
+            default_runs.push(d3.download(&s3, &fast_opts));
+        }
+        let diffs: Vec<usize> = default_runs
+            .iter()
+            .map(|r| dk_differences(&default_runs[0], r))
+            .collect();
+        let default_err = compare_dense(&p, &default_runs[0], indexer_tests::CONTINUOUS_FLOORS)
+            .unwrap_or_else(|e| panic!("case {i}, default mode: {e}"));
+        println!(
+            "dense case {i} (H={} D={} {dk:?}): deterministic runs bitwise equal (7 runs); \
+             default mode's d_index_k elements differing from its first run: {diffs:?} of {}; \
+             d_index_k error against the f64 reference: deterministic {:.3e}, default {:.3e}",
+            shape.heads,
+            shape.head_dim,
+            first.d_index_k.len(),
+            det_err.d_index_k,
+            default_err.d_index_k
+        );
+    }
+}
+
+/// Every GPU of the machine of the same model as GPU 0 writes the bits GPU
+/// 0 writes, for a sparse problem (the fixed-point passes and twins) and a
+/// dense one (the tile twin's chains). Needs two GPUs: with one it says
+/// so and checks nothing.
+#[test]
+fn gpu_deterministic_outputs_are_equal_across_the_machine_s_gpus() {
+    use indexer_tests::dense::{DenseDevice, DenseProblem};
+    let n = dsa_indexer_bwd::cuda_device_count();
+    if n < 2 {
+        println!(
+            "gpu_deterministic_outputs_are_equal_across_the_machine_s_gpus: skipped: {n} GPU(s)"
+        );
+        return;
+    }
+    let ctxs: Vec<_> = (0..n)
+        .map(|i| cudarc::driver::CudaContext::new(i).expect("CUDA device"))
+        .collect();
+    let model = ctxs[0].name().unwrap();
+    if ctxs[0].compute_capability().unwrap() != (9, 0) {
+        return;
+    }
+    let shape = Shape {
+        batch: 2,
+        seq_q: 300,
+        seq_k: 96,
+        heads: 64,
+        head_dim: 128,
+        topk: 512,
+    };
+    let opts = Options {
+        key_ids: KeyIds::Local,
+        deterministic: true,
+        ..Options::default()
+    };
+    let gen = Gen {
+        values: Values::Continuous,
+        padding: Padding::NegOne,
+        short_rows: 0.2,
+        trailing: false,
+        duplicates: true,
+        masked: 0.05,
+    };
+    let p = Problem::random(&mut rand::rngs::StdRng::seed_from_u64(5), shape, opts, gen);
+    let dshape = dense::Shape::bshd(1, 900, 900, 64, 128);
+    let dp = DenseProblem::random(
+        &mut rand::rngs::StdRng::seed_from_u64(6),
+        dshape.clone(),
+        opts,
+        0.05,
+    );
+    let dense_run = |ctx: &std::sync::Arc<cudarc::driver::CudaContext>| {
+        let plan = dense::Plan::new(ctx, dshape.clone(), opts).expect("dense plan");
+        let stream = ctx.default_stream();
+        let mut d = DenseDevice::upload(&stream, &dp, plan.workspace_bytes());
+        d.execute(&plan, &stream, dp.loss_coeff).unwrap();
+        d.download(&stream, &opts)
+    };
+    let (first, first_dense) = (run_gpu(&ctxs[0], &p), dense_run(&ctxs[0]));
+    let mut compared = 0;
+    for (i, ctx) in ctxs.iter().enumerate().skip(1) {
+        if ctx.name().unwrap() != model {
+            println!("GPU {i} is not a {model}: not compared");
+            continue;
+        }
+        if let Err(e) = same_outputs(&first, &run_gpu(ctx, &p)) {
+            panic!("GPU {i} against GPU 0, sparse: {e}");
+        }
+        if let Err(e) = same_outputs(&first_dense, &dense_run(ctx)) {
+            panic!("GPU {i} against GPU 0, dense: {e}");
+        }
+        compared += 1;
+    }
+    println!("{compared} GPU(s) of model {model} wrote GPU 0's bits (sparse and dense)");
+}
+
 /// Non-finite inputs: a NaN in one query row's q, an infinity in one
 /// weight. The deterministic d_index_k is non-finite exactly where the
 /// reference's is, and equal to itself from run to run (NaN payloads
@@ -290,7 +481,7 @@ fn gpu_deterministic_non_finite_outputs_follow_the_reference() {
 
 /// Where deterministic mode does not run, `Plan::new` says so
 /// (`Error::NotImplemented`): topk <= 64 (the mma.sync kernels), dense
-/// mode.
+/// mode where it has no GPU path.
 #[test]
 fn gpu_deterministic_mode_is_refused_where_it_does_not_run() {
     let Some(ctx) = gpu("gpu_deterministic_mode_is_refused_where_it_does_not_run") else {
@@ -310,9 +501,21 @@ fn gpu_deterministic_mode_is_refused_where_it_does_not_run() {
     };
     let e = Plan::new(&ctx, short, det).err().expect("topk 64 refused");
     assert!(matches!(e, Error::NotImplemented { .. }), "{e}");
-    let d = dense::Shape::bshd(1, 16, 16, 64, 128);
+    // Dense mode without a GPU path (H = 32 over 16 key columns).
+    let d = dense::Shape::bshd(1, 16, 16, 32, 128);
     let e = dense::Plan::new(&ctx, d, det).err().expect("dense refused");
     assert!(matches!(e, Error::NotImplemented { .. }), "{e}");
+    // Dense mode's tile kernel takes it: its workspace holds the turn
+    // table (a ticket and a counter per 64 keys: 13 words, 64 bytes)
+    // after the bf16
+    // output's accumulator.
+    let d = dense::Shape::bshd(2, 16, 300, 64, 128);
+    let bf16 = Options {
+        d_index_k: GradDtype::Bf16,
+        ..det
+    };
+    let plan = dense::Plan::new(&ctx, d.clone(), bf16).expect("dense tiles");
+    assert_eq!(plan.workspace_bytes(), d.k_len() * 4 + 64);
     // The fast path takes it, and its workspace holds the tables.
     let long = Shape { topk: 128, ..short };
     let plan = Plan::new(&ctx, long, det).expect("the fast path");

@@ -507,7 +507,7 @@ fn dynamic_smem(kernel: &str) -> String {
         Param::Smoke => kernels_gpu::abi::SMOKE_SMEM_BYTES,
         Param::Tag => kernels_gpu::abi::WATCHDOG_PROBE_SMEM,
         Param::Dense => kernels_gpu::abi::DENSE_STAGE1_SMEM,
-        Param::DenseTile => kernels_gpu::dense_wg::SMEM.bytes,
+        Param::DenseTile | Param::DenseDet => kernels_gpu::dense_wg::SMEM.bytes,
         Param::Det => match registry::det_base(k) {
             Some(base) => return dynamic_smem(base.name),
             None => registry::DET_SMEM,

@@ -19,6 +19,13 @@
 //!
 //! Both accumulate dK in f32 (in `d_index_k`, or in the workspace and then
 //! cast when that is bf16), zeroed by stage 1.
+//!
+//! In deterministic mode (`Options::deterministic`) the tile strategy runs
+//! the tile kernel's twin, which adds each key item's sums in a fixed
+//! order (`kernels_gpu::dense_wg::turns`; its turn table in the workspace,
+//! zeroed before stage 1), and the sparse strategy runs the sparse path's
+//! deterministic passes and twins (`kernels_gpu::det`: a fixed-point
+//! accumulator in the workspace, `det_finish` writes `d_index_k`).
 
 use super::shape::Shape;
 use crate::cpu::try_vec;
@@ -26,16 +33,17 @@ use crate::error::Result;
 use crate::gpu;
 use crate::launch::sm90::{self as sm90_path, Wgmma};
 use crate::launch::Cast;
+use crate::launch::DetOut;
 use crate::select::{select, PathKind};
 use crate::shape::{Backend, GradDtype, Options, Shape as SparseShape};
 use crate::tma::{encode, TiledArgs};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use kernels_gpu::abi::TensorMap;
 use kernels_gpu::abi::{
-    DenseParams, DenseTileParams, GradParams, DENSE_STAGE1_SMEM, DENSE_STAGE1_THREADS,
-    DENSE_TILE_THREADS, FLAG_DW_F32, FLAG_ROW_CHUNKS,
+    DenseDetTileParams, DenseParams, DenseTileParams, GradParams, DENSE_STAGE1_SMEM,
+    DENSE_STAGE1_THREADS, DENSE_TILE_THREADS, FLAG_DW_F32, FLAG_ROW_CHUNKS,
 };
-use kernels_gpu::registry::{DENSE_STAGE1, DENSE_WG};
+use kernels_gpu::registry::{DENSE_STAGE1, DENSE_WG, DENSE_WG_DET};
 use kernels_gpu::tma::q_tile_map;
 
 /// The tile kernel's tensor-map geometry: `(index_k, index_q)`.
@@ -87,9 +95,14 @@ pub(super) struct DenseGpu {
 enum Stage2 {
     /// Dense mode's tile kernel on the plan's work items.
     Tiles {
+        /// The tile kernel, or its deterministic twin.
         kernel: CudaFunction,
+        /// Whether `kernel` is the twin.
+        det: bool,
         items: CudaSlice<u32>,
         n_items: u32,
+        /// 128-key tiles of the items (the twin's chains).
+        tiles: u32,
         /// Geometry of the tensor maps over `index_k` and `index_q`,
         /// encoded per call at the call's addresses.
         maps: MapArgs,
@@ -135,7 +148,11 @@ impl DenseGpu {
     /// `sm_90a` module only), or a shape other than H = 64, D = 128 that
     /// the sparse strategy does not take (64 columns or fewer, more than
     /// [`MAX_GPU_SCORES`] score elements, or outside the wgmma path).
-    pub(super) fn new(ctx: &Arc<CudaContext>, shape: &Shape) -> Result<Option<DenseGpu>> {
+    pub(super) fn new(
+        ctx: &Arc<CudaContext>,
+        shape: &Shape,
+        deterministic: bool,
+    ) -> Result<Option<DenseGpu>> {
         let sparse = sparse_shape(shape);
         let (rows, cols) = (shape.rows(), shape.score_cols());
         let (major, minor) = ctx.compute_capability()?;
@@ -158,21 +175,27 @@ impl DenseGpu {
         let stream = ctx.default_stream();
         let stage2 = match path {
             None => {
-                let kernel =
-                    module.kernel_with_smem(DENSE_WG.name, kernels_gpu::dense_wg::SMEM.bytes)?;
-                let items = super::tiles::items(shape)?;
+                let name = if deterministic {
+                    DENSE_WG_DET.name
+                } else {
+                    DENSE_WG.name
+                };
+                let kernel = module.kernel_with_smem(name, kernels_gpu::dense_wg::SMEM.bytes)?;
+                let (items, tiles) = super::tiles::items(shape)?;
                 let n_items = items.len() as u32;
                 let items = stream.clone_htod(items.as_flattened())?;
                 let heads = kernels_gpu::dense_wg::HEADS as usize;
                 Stage2::Tiles {
                     kernel,
+                    det: deterministic,
                     items,
                     n_items,
+                    tiles,
                     maps: (tile_map(shape.key_rows())?, tile_map(rows * heads)?),
                 }
             }
             Some((row, paired)) => {
-                let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired, false)?;
+                let wgmma = Wgmma::new(ctx, &module, &sparse, row, paired, deterministic)?;
                 Stage2::Sparse {
                     wgmma,
                     row_chunks: sm90_path::row_chunks(&sparse),
@@ -197,6 +220,40 @@ impl DenseGpu {
         self.module.image()
     }
 
+    /// Workspace bytes a call needs (`dense::Plan::workspace_bytes`), in
+    /// the order of [`WsLayout`].
+    pub(super) fn workspace_bytes(&self, opts: &Options) -> usize {
+        self.ws_layout(opts).bytes as usize
+    }
+
+    /// Where the workspace's parts lie for `opts` (the plan's).
+    fn ws_layout(&self, opts: &Options) -> WsLayout {
+        let up = |x: u64| x.div_ceil(16) * 16;
+        let k_len = self.sparse.k_len() as u64;
+        let cast = match opts.d_index_k {
+            GradDtype::F32 => 0,
+            GradDtype::Bf16 => up(4 * k_len),
+        };
+        match (&self.stage2, opts.deterministic) {
+            (Stage2::Tiles { tiles, .. }, true) => {
+                let words =
+                    kernels_gpu::dense_wg::turn_words(kernels_gpu::dense_wg::chains(*tiles));
+                WsLayout {
+                    turns: Some(cast),
+                    bytes: cast + up(4 * words as u64),
+                }
+            }
+            (Stage2::Sparse { .. }, true) => WsLayout {
+                turns: None,
+                bytes: self.sparse.det_layout().bytes,
+            },
+            (_, false) => WsLayout {
+                turns: None,
+                bytes: cast,
+            },
+        }
+    }
+
     /// Launches stage 1, stage 2 and (bf16 `d_index_k`) the cast on
     /// `stream`.
     ///
@@ -213,9 +270,13 @@ impl DenseGpu {
         loss_coeff: f32,
     ) -> Result<()> {
         let s = &self.sparse;
+        let ws = self.ws_layout(opts);
+        // The sparse strategy's deterministic passes keep their fixed-point
+        // accumulator at the workspace's start and write d_index_k last.
+        let det_sparse = opts.deterministic && matches!(self.stage2, Stage2::Sparse { .. });
         let accum = match opts.d_index_k {
-            GradDtype::F32 => p.dk,
-            GradDtype::Bf16 => p.ws,
+            GradDtype::F32 if !det_sparse => p.dk,
+            _ => p.ws,
         };
         let mut flags = 0;
         if opts.d_weights == GradDtype::F32 {
@@ -238,6 +299,12 @@ impl DenseGpu {
             Stage2::Sparse { .. } => None,
         };
         let coeff = (loss_coeff as f64 / s.seq_q as f64) as f32;
+        if let Some(at) = ws.turns {
+            let bytes = (ws.bytes - at) as usize;
+            // SAFETY: the turn table inside the checked workspace (of
+            // `ws.bytes`), before stage 1 on the same stream.
+            unsafe { gpu::memset_zero(stream, p.ws + at, bytes)? };
+        }
         let (visible, _g1) = self.visible.device_ptr(stream);
         let d = DenseParams {
             attn_score: p.attn,
@@ -280,6 +347,7 @@ impl DenseGpu {
         match &self.stage2 {
             Stage2::Tiles {
                 kernel,
+                det,
                 items,
                 n_items,
                 ..
@@ -288,15 +356,20 @@ impl DenseGpu {
                     unreachable!("the tile strategy's maps are encoded above")
                 };
                 let tiles = (kernel, items, *n_items, maps);
-                // SAFETY: forwarded; stage 1 is on the stream before it.
-                unsafe { self.launch_tiles(stream, p, opts, &call, tiles)? }
+                let turns = match (*det, ws.turns) {
+                    (true, Some(at)) => Some(p.ws + at),
+                    _ => None,
+                };
+                // SAFETY: forwarded; stage 1 is on the stream before it,
+                // the zeroed turn table before that.
+                unsafe { self.launch_tiles(stream, p, opts, &call, tiles, turns)? }
             }
             Stage2::Sparse { wgmma, ids, .. } => {
                 // SAFETY: forwarded; stage 1 is on the stream before it.
                 unsafe { self.launch_sparse(stream, p, opts, &call, wgmma, ids)? }
             }
         }
-        if opts.d_index_k == GradDtype::Bf16 {
+        if opts.d_index_k == GradDtype::Bf16 && !det_sparse {
             // SAFETY: the cast of the checked workspace (k_len f32, the
             // accumulator stage 2 completed earlier on the stream) into
             // the checked bf16 d_index_k.
@@ -307,10 +380,12 @@ impl DenseGpu {
 
     /// Stage 2 by the tile kernel, as stage 1's programmatic dependent:
     /// `(kernel, items, n_items)` are this plan's, `maps` (over `index_k`,
-    /// `index_q`) this call's.
+    /// `index_q`) this call's; `turns`, the turn table, when `kernel` is
+    /// the deterministic twin.
     ///
     /// # Safety
-    /// As [`DenseGpu::launch`], after stage 1 on `stream`.
+    /// As [`DenseGpu::launch`], after stage 1 on `stream`; `turns` is
+    /// `Some` exactly for the twin, a zeroed table of this plan's chains.
     unsafe fn launch_tiles(
         &self,
         stream: &CudaStream,
@@ -318,6 +393,7 @@ impl DenseGpu {
         opts: &Options,
         call: &Call,
         (kernel, items, n_items, maps): (&CudaFunction, &CudaSlice<u32>, u32, Maps),
+        turns: Option<u64>,
     ) -> Result<()> {
         let (items, _g) = items.device_ptr(stream);
         let t = DenseTileParams {
@@ -337,20 +413,21 @@ impl DenseGpu {
             sm_scale: opts.sm_scale,
             flags: call.flags,
         };
-        // SAFETY: the tile kernel as stage 1's programmatic dependent (it
-        // waits before reading grad_signal or adding to the accumulator):
-        // the plan's items for this shape (at least one: every row has a
-        // row item), checked buffers, maps over this call's q and K, one
-        // CTA per item.
+        let bytes = kernels_gpu::dense_wg::SMEM.bytes;
+        // SAFETY: the tile kernel (or its twin, with the plan's items,
+        // whose chains list their turns in order, and the zeroed table) as
+        // stage 1's programmatic dependent (it waits before reading
+        // grad_signal or adding to the accumulator): the plan's items for
+        // this shape (at least one: every row has a row item), checked
+        // buffers, maps over this call's q and K, one CTA per item.
         unsafe {
-            gpu::launch_pdl(
-                stream,
-                kernel,
-                n_items,
-                DENSE_TILE_THREADS,
-                kernels_gpu::dense_wg::SMEM.bytes,
-                &t,
-            )
+            match turns {
+                None => gpu::launch_pdl(stream, kernel, n_items, DENSE_TILE_THREADS, bytes, &t),
+                Some(turns) => {
+                    let d = DenseDetTileParams { tile: t, turns };
+                    gpu::launch_pdl(stream, kernel, n_items, DENSE_TILE_THREADS, bytes, &d)
+                }
+            }
         }
     }
 
@@ -393,10 +470,30 @@ impl DenseGpu {
             flags: call.flags,
             heads: s.heads as u32,
         };
+        if opts.deterministic {
+            let out = DetOut {
+                d_index_k: p.dk,
+                bf16: opts.d_index_k == GradDtype::Bf16,
+            };
+            // SAFETY: as below, with the fixed-point accumulator (zeroed by
+            // stage 1) at the start of the checked workspace of
+            // `det_layout`'s bytes, and the checked d_index_k.
+            return unsafe { wgmma.launch_det_stage2(stream, s, g, out) };
+        }
         // SAFETY: the wgmma kernels of the sparse shape on the same buffers
         // (ids of the plan: valid key rows or -1).
         unsafe { wgmma.launch_stage2(stream, g) }
     }
+}
+
+/// The workspace of a call: the f32 accumulator first when `d_index_k` is
+/// bf16 (default mode and the tile twin), the tile twin's turn table after
+/// it, or the sparse strategy's deterministic tables (`abi::det_layout`).
+struct WsLayout {
+    /// Offset of the turn table, for the tile twin.
+    turns: Option<u64>,
+    /// Bytes in all.
+    bytes: u64,
 }
 
 /// What stage 1 and stage 2 of one call share.

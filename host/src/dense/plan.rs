@@ -70,7 +70,9 @@ pub struct Outputs<'a> {
 /// [`Error::NotImplemented`] without writing anything; use
 /// [`super::cpu::execute`] or [`super::run`] (host data) there.
 ///
-/// Of [`Options`], `sm_scale`, `d_index_k` and `d_weights` apply; `key_ids`
+/// Of [`Options`], `sm_scale`, `d_index_k`, `d_weights` and
+/// `deterministic` apply (deterministic mode: [`Plan::new`] fails with
+/// [`Error::NotImplemented`] where the GPU path does not run); `key_ids`
 /// (dense keys are the causal columns), `score` (dense takes raw logits and
 /// their log-sum-exp) and `backend` are ignored.
 pub struct Plan {
@@ -89,12 +91,13 @@ impl Plan {
     pub fn new(ctx: &Arc<CudaContext>, shape: Shape, opts: Options) -> Result<Plan> {
         shape.validate()?;
         opts.validate()?;
-        if opts.deterministic {
+        let gpu = DenseGpu::new(ctx, &shape, opts.deterministic)?;
+        if opts.deterministic && gpu.is_none() {
             return Err(Error::NotImplemented {
-                what: "deterministic mode in dense mode",
+                what: "deterministic mode in dense mode outside its GPU path (compute \
+                       capability 9.0)",
             });
         }
-        let gpu = DenseGpu::new(ctx, &shape)?;
         Ok(Plan {
             shape,
             opts,
@@ -129,11 +132,18 @@ impl Plan {
 
     /// Device workspace `execute` needs: the f32 accumulator of
     /// `d_index_k` when that output is bf16, zero otherwise (as in the
-    /// sparse plan).
+    /// sparse plan). In deterministic mode also the tile kernel's turn
+    /// table (4 bytes per 64 keys), or, for the shapes that run the
+    /// sparse path's kernels, its deterministic tables instead
+    /// (`Plan::workspace_bytes` of the sparse plan: about 5 bytes per
+    /// `d_index_k` element).
     pub fn workspace_bytes(&self) -> usize {
-        match self.opts.d_index_k {
-            GradDtype::F32 => 0,
-            GradDtype::Bf16 => self.shape.k_len() * 4,
+        match &self.gpu {
+            Some(gpu) => gpu.workspace_bytes(&self.opts),
+            None => match self.opts.d_index_k {
+                GradDtype::F32 => 0,
+                GradDtype::Bf16 => self.shape.k_len() * 4,
+            },
         }
     }
 

@@ -7,18 +7,23 @@
 //! when the batch has an odd count) and, per 128 keys, key items over the
 //! rows of the batch that see one of those keys (visibility grows with the
 //! row, so they are a suffix of the batch), in runs of at most
-//! `ITEM_MAX_ROWS` rows.
+//! `ITEM_MAX_ROWS` rows. Each 128-key tile's runs form the chains of the
+//! deterministic twin (`kernels_gpu::dense_wg::turns`): numbered from 0
+//! over the batches' tiles (two per tile), with the runs' turns in row
+//! order, and the order below keeps every chain's turns in increasing
+//! order (the twin's freedom from deadlock rests on it).
 
 use super::shape::Shape;
 use crate::error::Result;
 use kernels_gpu::abi::{DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS};
-use kernels_gpu::dense_wg::{ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS};
+use kernels_gpu::dense_wg::{ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS, WARPGROUPS};
 
 /// One item's words.
 pub(super) type Item = [u32; DENSE_ITEM_WORDS];
 
-/// The items of `shape` (validated), longest first.
-pub(super) fn items(shape: &Shape) -> Result<Vec<Item>> {
+/// The items of `shape` (validated), longest first, and the number of
+/// 128-key tiles (`kernels_gpu::dense_wg::chains` gives their chains).
+pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, u32)> {
     // (work, item): work in steps of both warpgroups (a key tile of a row
     // item, a query row of a key item).
     let capacity: usize = (0..shape.batch())
@@ -29,7 +34,7 @@ pub(super) fn items(shape: &Shape) -> Result<Vec<Item>> {
         })
         .sum();
     let mut work: Vec<(u64, Item)> = Vec::with_capacity(capacity);
-    let (mut row0, mut key0) = (0usize, 0usize);
+    let (mut row0, mut key0, mut tile) = (0usize, 0usize, 0u32);
     for b in 0..shape.batch() {
         let (nq, nk) = (shape.seq_q_of(b), shape.seq_k_of(b));
         let vis = |s: usize| shape.visible(b, s);
@@ -53,7 +58,8 @@ pub(super) fn items(shape: &Shape) -> Result<Vec<Item>> {
             let first = first_seeing(nq, |s| vis(s) > col0);
             // Keys no row sees still get an item (with no rows): it adds
             // nothing, but every key has its item.
-            let mut s = first;
+            let (mut s, mut turn) = (first, 0u32);
+            let chain = WARPGROUPS * tile;
             loop {
                 let end = (s + ITEM_MAX_ROWS as usize).min(nq);
                 let item = [
@@ -63,20 +69,24 @@ pub(super) fn items(shape: &Shape) -> Result<Vec<Item>> {
                     n as u32,
                     (row0 + s) as u32,
                     (row0 + end) as u32,
-                    0,
-                    0,
+                    chain,
+                    turn,
                 ];
                 work.push(((end - s) as u64, item));
-                s = end;
+                (s, turn) = (end, turn + 1);
                 if s >= nq {
                     break;
                 }
             }
+            tile += 1;
         }
         row0 += nq;
         key0 += nk;
     }
-    Ok(longest_first(work))
+    // Every run of a chain but its last has ITEM_MAX_ROWS rows, the most
+    // a key item has: a stable sort by descending work keeps the turns in
+    // order (checked by the tests).
+    Ok((longest_first(work), tile))
 }
 
 /// The items of `work` by descending work, stably (equal work keeps the
@@ -167,8 +177,11 @@ mod tests {
                 .with_q_offset(vec![0, 4, 100]),
         ];
         for shape in shapes {
-            let items = items(&shape).unwrap();
+            let (items, tiles) = items(&shape).unwrap();
             let (rows, keys) = (shape.rows(), shape.key_rows());
+            // The next turn each chain expects, in list order.
+            let chains = kernels_gpu::dense_wg::chains(tiles) as usize;
+            let mut next_turn = vec![0u32; chains];
             let mut row_seen = vec![0; rows];
             let mut key_seen = vec![0; keys];
             let mut pairs_by_rows = std::collections::HashSet::new();
@@ -195,6 +208,10 @@ mod tests {
                         let (rb, re) = (it[4] as usize, it[5] as usize);
                         assert!((1..=128).contains(&n));
                         assert!(re - rb <= ITEM_MAX_ROWS as usize);
+                        let (chain, turn) = (it[6] as usize, it[7]);
+                        assert!(chain % 2 == 0 && chain + 1 < chains);
+                        assert_eq!(turn, next_turn[chain], "turns in list order");
+                        next_turn[chain] += 1;
                         // Counted on the run that starts at the first row
                         // seeing the keys (or, when none does, the empty one).
                         let starts = rb == 0
@@ -221,6 +238,14 @@ mod tests {
             }
             assert!(row_seen.iter().all(|&n| n == 1));
             assert!(key_seen.iter().all(|&n| n == 1));
+            // Every tile's chain has its runs, one per started turn.
+            assert!(next_turn.iter().step_by(2).all(|&t| t >= 1));
+            assert_eq!(
+                tiles as usize,
+                (0..shape.batch())
+                    .map(|b| shape.seq_k_of(b).div_ceil(128))
+                    .sum::<usize>()
+            );
             assert_eq!(pairs_by_rows, pairs_by_keys);
             let total: usize = (0..rows).map(|r| shape.row(r).visible).sum();
             assert_eq!(pairs_by_rows.len(), total);

@@ -229,19 +229,67 @@ impl Wgmma {
     }
 
     /// Deterministic mode (`kernels_gpu::det`, whose note gives the
-    /// order): the memset of the key tables, stage 1 (`zeroed` mark; it
-    /// zeroes the fixed-point accumulator at `run.params.dk_accum`), the
-    /// bounds and their sums per key row, the exponents, the twins of the wgmma kernels, and
-    /// the finish into `out` (`gradients` mark).
+    /// order): stage 1 (`zeroed` mark; it zeroes the fixed-point
+    /// accumulator at `run.params.dk_accum`), then [`Wgmma::launch_det_stage2`]
+    /// (`gradients` mark).
     ///
     /// # Safety
     /// As [`Wgmma::launch`]; `run.params.dk_accum` is the start of a
     /// workspace of `det.layout`'s bytes, `out` the checked `d_index_k`.
     unsafe fn launch_det(&self, run: &Run<'_>, det: &DetKernels, out: DetOut) -> Result<()> {
-        let (s, l) = (run.shape, &det.layout);
-        let ws = run.params.dk_accum;
+        // SAFETY: stage 1 as in `launch`; the rest forwarded.
+        unsafe {
+            launch_stage1(run.stream, &self.stage1, run.shape, &run.params)?;
+            run.mark(|e| &e.zeroed)?;
+            self.det_passes(run.stream, run.shape, det, run.params, out)?;
+        }
+        run.mark(|e| &e.gradients)
+    }
+
+    /// Deterministic mode after a stage 1 (this path's, or dense mode's,
+    /// which zeroes the same accumulator): the memset of the key tables,
+    /// the bounds and their sums per key row, the exponents, the twins of
+    /// the wgmma kernels, and the finish into `out`, all ordinary launches
+    /// but the twins. `shape` is this plan's; fails with
+    /// [`crate::Error::NotImplemented`] when the plan was built without
+    /// the deterministic kernels.
+    ///
+    /// # Safety
+    /// As [`Wgmma::launch_stage2`]; `p.dk_accum` is the start of a
+    /// zeroed-accumulator workspace of `shape.det_layout()`'s bytes, `out`
+    /// the checked `d_index_k`.
+    pub(crate) unsafe fn launch_det_stage2(
+        &self,
+        stream: &CudaStream,
+        shape: &Shape,
+        p: GradParams,
+        out: DetOut,
+    ) -> Result<()> {
+        let Some(det) = &self.det else {
+            return Err(crate::Error::NotImplemented {
+                what: "deterministic mode on a plan built without it",
+            });
+        };
+        // SAFETY: forwarded.
+        unsafe { self.det_passes(stream, shape, det, p, out) }
+    }
+
+    /// The passes of [`Wgmma::launch_det_stage2`].
+    ///
+    /// # Safety
+    /// As [`Wgmma::launch_det_stage2`], `det` this plan's.
+    unsafe fn det_passes(
+        &self,
+        stream: &CudaStream,
+        s: &Shape,
+        det: &DetKernels,
+        p: GradParams,
+        out: DetOut,
+    ) -> Result<()> {
+        let l = &det.layout;
+        let ws = p.dk_accum;
         let dp = DetParams {
-            grad: run.params,
+            grad: p,
             key_sum: ws + l.key_sum,
             bound_max: ws + l.bound_max,
             specials: ws + l.specials,
@@ -262,45 +310,28 @@ impl Wgmma {
         // any grid of DET_THREADS; ordinary launches, each after the one
         // before; the twins as the wgmma kernels (`launch_pair_then_row`).
         unsafe {
-            gpu::memset_zero(run.stream, ws + l.key_sum, (l.key_exp - l.key_sum) as usize)?;
-            launch_stage1(run.stream, &self.stage1, s, &run.params)?;
-            run.mark(|e| &e.zeroed)?;
-            gpu::launch(run.stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
+            gpu::memset_zero(stream, ws + l.key_sum, (l.key_exp - l.key_sum) as usize)?;
+            gpu::launch(stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
             let g = &det.key_grid;
             let bins = g.smem_bytes();
             gpu::launch(
-                run.stream,
+                stream,
                 &det.key_sums,
                 g.ctas,
                 DET_KEY_SUM_THREADS,
                 bins,
                 &dp,
             )?;
-            gpu::launch(
-                run.stream,
-                &det.scales,
-                det.stride_grid,
-                DET_THREADS,
-                0,
-                &dp,
-            )?;
+            gpu::launch(stream, &det.scales, det.stride_grid, DET_THREADS, 0, &dp)?;
             let pair = det
                 .pair
                 .as_ref()
                 .zip(self.pair.as_ref())
                 .map(|(f, (_, g))| (f, *g));
-            self.launch_pair_then_row(run.stream, pair, &det.row, dp, |p| {
+            self.launch_pair_then_row(stream, pair, &det.row, dp, |p| {
                 p.grad.flags |= FLAG_PAIR_DISPATCH
             })?;
-            gpu::launch(
-                run.stream,
-                &det.finish,
-                det.stride_grid,
-                DET_THREADS,
-                0,
-                &dp,
-            )?;
+            gpu::launch(stream, &det.finish, det.stride_grid, DET_THREADS, 0, &dp)
         }
-        run.mark(|e| &e.gradients)
     }
 }

@@ -24,6 +24,9 @@ pub(super) struct Ctx<'a> {
     pub t: u32,
     /// The 1024-aligned base of dynamic shared memory.
     pub base: SmemAddr,
+    /// The deterministic twin's turn table (`super::turns`); 0 in the
+    /// default kernel, which never reads it.
+    pub turns: u64,
 }
 
 impl Ctx<'_> {

@@ -5,14 +5,16 @@
 use super::ctx::Ctx;
 use super::{keys, load, rows, CONSUMER_REGS, PRODUCER_REGS, TILE_KEYS, WARPGROUPS};
 use crate::abi::{
-    DenseTileParams, DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS, DENSE_TILE_THREADS,
+    DenseDetTileParams, DenseTileParams, DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS,
+    DENSE_TILE_THREADS,
 };
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::tma::param0_generic_addr;
 use crate::ptx::{griddep, sreg, sync};
-use crate::registry::DENSE_WG;
+use crate::registry::{DENSE_WG, DENSE_WG_DET};
 
 const _: () = assert!(DENSE_WG.threads == DENSE_TILE_THREADS);
+const _: () = assert!(DENSE_WG_DET.threads == DENSE_TILE_THREADS);
 
 /// Dense stage 2 over key tiles, H = 64, D = 128 (module note). Launch:
 /// grid `p.n_items`, [`DENSE_TILE_THREADS`] threads, `SMEM.bytes` of
@@ -32,20 +34,63 @@ pub unsafe extern "ptx-kernel" fn indexer_dense_bwd_wg_h64_d128(p: DenseTilePara
     // nothing is read or added before this.
     // SAFETY: orders the CTA after stage 1.
     unsafe { griddep::wait() };
+    let maps = || param0_generic_addr!("indexer_dense_bwd_wg_h64_d128");
+    // SAFETY: the launch contract, forwarded.
+    unsafe { body::<false>(&p, maps, 0) }
+}
+
+/// The deterministic twin of [`indexer_dense_bwd_wg_h64_d128`]
+/// (`super::turns`): the same launch, items taken in arrival order from
+/// the turn table, every key item's dK sums added in its chain's turn, so
+/// each accumulator element sums its runs in one order on every run.
+///
+/// # Safety
+/// As the default kernel, on `p.tile`; `p.turns` is a zeroed turn table
+/// of `1 + chains` u32 for the items' chains, and every chain's turns
+/// appear in the item list in increasing order (`super::turns`).
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn indexer_dense_bwd_wg_det_h64_d128(p: DenseDetTileParams) {
+    // As the default kernel; the turn table is zeroed before stage 1.
+    // SAFETY: orders the CTA after stage 1.
+    unsafe { griddep::wait() };
+    let maps = || param0_generic_addr!("indexer_dense_bwd_wg_det_h64_d128");
+    // SAFETY: the launch contract, forwarded; the tile parameter leads
+    // the struct, so `maps` gives its tensor maps' address too.
+    unsafe { body::<true>(&p.tile, maps, p.turns) }
+}
+
+/// The kernel body after the wait for stage 1: with `DET`, the
+/// deterministic twin's (module note of `super::turns`); `maps` gives the
+/// parameter's generic address (read where the context is built).
+///
+/// # Safety
+/// The launch contract of the kernel that calls it, after its
+/// `griddepcontrol.wait`.
+#[inline(always)]
+unsafe fn body<const DET: bool>(p: &DenseTileParams, maps: impl FnOnce() -> u64, turns: u64) {
     let tid = sreg::thread_idx_x();
     let raw = smem::base().0;
     let c = Ctx {
-        p: &p,
-        maps: param0_generic_addr!("indexer_dense_bwd_wg_h64_d128"),
+        p,
+        maps: maps(),
         tid,
         // SAFETY: every thread, converged; the warpgroup is warp-uniform.
         wg: unsafe { sync::uniform_u32(tid / 128) },
         t: tid % 128,
         base: SmemAddr((raw + 1023) & !1023),
+        turns,
+    };
+    let index = if DET {
+        // SAFETY: every thread, converged, before any other use of shared
+        // memory; the turn table of the launch contract.
+        unsafe { super::turns::ticket(&c) }
+    } else {
+        sreg::block_idx_x()
     };
     let item = p.items as *const u32;
-    let at = sreg::block_idx_x() as usize * DENSE_ITEM_WORDS;
-    // SAFETY: block < n_items, inside the item array; CTA-uniform loads.
+    let at = index as usize * DENSE_ITEM_WORDS;
+    // SAFETY: index < n_items (the grid, one ticket per CTA), inside the
+    // item array; CTA-uniform loads.
     let w = |i: usize| unsafe { *item.add(at + i) };
     let kind = w(0);
     if kind != DENSE_ITEM_ROWS && kind != DENSE_ITEM_KEYS {
@@ -80,7 +125,7 @@ pub unsafe extern "ptx-kernel" fn indexer_dense_bwd_wg_h64_d128(p: DenseTilePara
             sync::setmaxnreg_inc::<CONSUMER_REGS>();
             match kind {
                 DENSE_ITEM_ROWS => rows::run(&c, w(1), w(2), w(4)),
-                _ => keys::run(&c, w(1), w(2), w(3), w(4), w(5)),
+                _ => keys::run::<DET>(&c, [w(1), w(2), w(3), w(4), w(5), w(6), w(7)]),
             }
         }
     }

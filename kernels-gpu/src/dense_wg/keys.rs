@@ -2,26 +2,22 @@
 //! a run of the query rows that see them (module note of `super`).
 
 use super::ctx::Ctx;
-use super::{gate, mma, SMEM, TILE_KEYS};
+use super::{gate, mma, turns, SMEM, TILE_KEYS};
 use crate::ptx::cvt::bf16_to_f32;
 use crate::ptx::global::red_add_v2_f32;
 use crate::ptx::smem;
 
-/// Runs the key item `[KEYS, key_start, col0, nkeys, row_begin, row_end]`
-/// on this consumer's keys `col0 + 64 wg ..` (if it has any).
+/// Runs the key item `[KEYS, key_start, col0, nkeys, row_begin, row_end,
+/// chain, turn]` (its words after the kind) on this consumer's keys
+/// `col0 + 64 wg ..` (if it has any); with `DET`, adding them in turn
+/// `turn` of chain `chain + wg` (`super::turns`).
 ///
 /// # Safety
 /// The kernel's launch contract; every thread of a consumer warpgroup
 /// calls it.
 #[inline(always)]
-pub(super) unsafe fn run(
-    c: &Ctx<'_>,
-    key_start: u32,
-    col0: u32,
-    nkeys: u32,
-    row_begin: u32,
-    row_end: u32,
-) {
+pub(super) unsafe fn run<const DET: bool>(c: &Ctx<'_>, item: [u32; 7]) {
+    let [key_start, col0, nkeys, row_begin, row_end, chain, turn] = item;
     if TILE_KEYS * c.wg >= nkeys || row_end <= row_begin {
         return;
     }
@@ -63,8 +59,18 @@ pub(super) unsafe fn run(
             },
         );
     }
-    // SAFETY: this warpgroup's keys of the item, written by it only.
-    unsafe { store(c, key_start + col0, nkeys, &dk0, &dk1) };
+    // SAFETY: this warpgroup's keys of the item, written by it only;
+    // with DET every thread of the warpgroup takes the turn (the item has
+    // rows, so every run of its chain has this warpgroup's keys too).
+    unsafe {
+        if DET {
+            turns::wait(c, chain + c.wg, turn);
+        }
+        store(c, key_start + col0, nkeys, &dk0, &dk1);
+        if DET {
+            turns::pass(c, chain + c.wg, turn);
+        }
+    }
 }
 
 /// Adds this warpgroup's dK sums of the keys below `nkeys` (times

@@ -40,7 +40,7 @@
 //! with their per-tile scalars (grad_signal, and the key item's weights),
 //! and the mbarriers.
 
-sm90a_modules!(ctx, entry, gate, keys, load, mma, rows);
+sm90a_modules!(ctx, entry, gate, keys, load, mma, rows, turns);
 
 use crate::abi::DENSE_TILE_THREADS;
 
@@ -110,6 +110,18 @@ const _: () = assert!(
 const _: () = assert!(PRODUCER_REGS.is_multiple_of(8) && CONSUMER_REGS.is_multiple_of(8));
 // The producer's lanes store a stage's grad_signal in four words each.
 const _: () = assert!(GS_BYTES == 4 * 4 * PRODUCER_LANES && W_BYTES == 4 * PRODUCER_LANES);
+
+/// u32 words of the deterministic twin's turn table for `chains` chains
+/// (`turns`): the ticket, then one counter per chain.
+pub const fn turn_words(chains: u32) -> u32 {
+    1 + chains
+}
+
+/// Chains of the key items of `key_tiles` 128-key tiles (`turns`: one
+/// per consumer warpgroup's 64 keys).
+pub const fn chains(key_tiles: u32) -> u32 {
+    WARPGROUPS * key_tiles
+}
 
 /// The ring buffer of streamed tile `t`.
 pub const fn stage_of(t: u32) -> u32 {

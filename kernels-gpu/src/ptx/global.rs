@@ -157,6 +157,68 @@ pub unsafe fn atom_cas_u32(p: *mut u32, cmp: u32, new: u32) -> u32 {
     old
 }
 
+/// `atom.global.add.u32` (device scope, relaxed): adds `v` at `p` and
+/// returns the old value, e.g. to hand out tickets in arrival order.
+///
+/// # Safety
+/// `p` must be a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn atom_add_u32(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees a valid global address.
+    unsafe {
+        core::arch::asm!(
+            "atom.global.add.u32 {o}, [{p}], {v};",
+            o = out(reg32) old, p = in(reg64) p, v = in(reg32) v,
+            options(nostack),
+        )
+    }
+    old
+}
+
+/// `ld.acquire.gpu.global.u32`: a load after which this thread's later
+/// accesses observe everything the releasing writer's release store
+/// ([`st_release_gpu_u32`]) ordered before it.
+///
+/// # Safety
+/// `p` must be a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn ld_acquire_gpu_u32(p: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees a valid global address. Not
+    // `readonly`/`pure`: the load is an ordering point and is re-issued in
+    // a spin loop.
+    unsafe {
+        core::arch::asm!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) v,
+                         p = in(reg64) p, options(nostack))
+    }
+    v
+}
+
+/// `st.release.gpu.global.u32`: a store that an acquiring load on the
+/// device ([`ld_acquire_gpu_u32`]) can observe only after this thread's
+/// earlier accesses (and those ordered before them, e.g. by a barrier).
+///
+/// # Safety
+/// `p` must be a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn st_release_gpu_u32(p: *mut u32, v: u32) {
+    // SAFETY: the caller guarantees a valid global address.
+    unsafe {
+        core::arch::asm!("st.release.gpu.global.u32 [{p}], {v};", p = in(reg64) p,
+                         v = in(reg32) v, options(nostack))
+    }
+}
+
+/// `fence.acq_rel.gpu`: orders this thread's earlier memory accesses (and
+/// those a barrier ordered before them) before its later ones, for every
+/// observer on the device.
+#[inline(always)]
+pub fn fence_acq_rel_gpu() {
+    // SAFETY: a fence has no operands and no preconditions.
+    unsafe { core::arch::asm!("fence.acq_rel.gpu;", options(nostack)) }
+}
+
 /// `st.volatile.global.u32`: a store that is performed (not merged or
 /// dropped), for records that another agent (the host) reads.
 ///

@@ -167,8 +167,9 @@ struct Cli {
     /// Writes the JSON lines.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// The headline points in deterministic mode (`Options::deterministic`;
-    /// the JSON lines and tables do not record the mode: name the run).
+    /// The headline points (or --dense) in deterministic mode
+    /// (`Options::deterministic`; the JSON lines and tables do not record
+    /// the mode: name the run).
     #[arg(long)]
     deterministic: bool,
     /// Dense mode instead of the sparse workloads: causal, B = 1,
@@ -493,7 +494,15 @@ fn run_dense(cli: &Cli) -> Res<()> {
     let stream = ctx.default_stream();
     let (h, d) = (cli.heads[0], cli.dim[0]);
     let mut rng = rand::rngs::StdRng::seed_from_u64(cli.seed);
-    let opts = Options::default();
+    let opts = Options {
+        deterministic: cli.deterministic,
+        ..Options::default()
+    };
+    let mode = if cli.deterministic {
+        "deterministic"
+    } else {
+        "default"
+    };
     for &s in &cli.dense {
         let shape = dense::Shape::bshd(1, s, s, h, d);
         let p = DenseProblem::random(&mut rng, shape.clone(), opts, 0.0);
@@ -501,7 +510,8 @@ fn run_dense(cli: &Cli) -> Res<()> {
         let mut dev = DenseDevice::upload(&stream, &p, plan.workspace_bytes());
         let t = time_dense(&ctx, &stream, &plan, &mut dev, &p.logits, p.loss_coeff, cli)?;
         println!(
-            "dense causal B=1 S={s} H={h} D={d} f32 dK: median {:.0} us, min {:.0}, p90 {:.0} ({} runs)",
+            "dense causal B=1 S={s} H={h} D={d} f32 dK, {mode} mode: median {:.0} us, min {:.0}, \
+             p90 {:.0} ({} runs)",
             t.median, t.min, t.p90, t.runs
         );
     }

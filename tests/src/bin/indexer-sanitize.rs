@@ -452,7 +452,8 @@ fn forward_cases(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> usize {
 /// Dense mode's cases: its stage 1, then at H = 64, D = 128 dense mode's
 /// tile kernel (BSHD with bf16 dK; packed with an odd batch, offsets,
 /// ratio 2 and f32 outputs), and on H = 16, D = 64 the wgmma kernels of
-/// the equivalent sparse problem (packed, offsets, ratio 2).
+/// the equivalent sparse problem (packed, offsets, ratio 2); and both in
+/// deterministic mode (the tile twin's chains, the sparse twins' passes).
 fn dense_cases() -> Vec<(&'static str, DenseProblem)> {
     let bf16_dk = Options {
         sm_scale: 0.5,
@@ -483,6 +484,23 @@ fn dense_cases() -> Vec<(&'static str, DenseProblem)> {
                 .with_q_offset(vec![100, 7])
                 .with_ratio(2),
             f32_all,
+        ),
+        (
+            "dense deterministic: stage1 + tile twin H=64 D=128 (chains of two turns)",
+            dense::Shape::bshd(1, 300, 300, 64, 128),
+            Options {
+                deterministic: true,
+                ..f32_all
+            },
+        ),
+        (
+            "dense deterministic: stage1 + bounds + key sums + wgmma H=16 D=64 twin + finish into bf16",
+            dense::Shape::varlen(vec![0, 30, 47], vec![0, 150, 230], 16, 64)
+                .with_q_offset(vec![100, 7]),
+            Options {
+                deterministic: true,
+                ..bf16_dk
+            },
         ),
     ];
     cases
