@@ -360,27 +360,41 @@ fn gpu_deterministic_dense_mode_does_not_depend_on_streams_or_interleaving() {
     }
 }
 
+/// A 64-bit FNV-1a digest of every output's bits (for comparing runs on
+/// different machines by their printed digests).
+fn digest(o: &GpuOut) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |bits: u64| {
+        for b in bits.to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    o.grad_signal.iter().for_each(|x| eat(x.to_bits() as u64));
+    o.d_index_q.iter().for_each(|x| eat(x.to_bits() as u64));
+    o.d_weights_bits.iter().for_each(|&x| eat(x as u64));
+    o.d_index_k.iter().for_each(|x| eat(x.to_bits()));
+    h
+}
+
 /// Every GPU of the machine of the same model as GPU 0 writes the bits GPU
 /// 0 writes, for a sparse problem (the fixed-point passes and twins) and a
-/// dense one (the tile twin's chains). Needs two GPUs: with one it says
-/// so and checks nothing.
+/// dense one (the tile twin's chains). Prints GPU 0's digests of both (so
+/// that runs on other machines can be compared); with one GPU it compares
+/// nothing and says so.
 #[test]
 fn gpu_deterministic_outputs_are_equal_across_the_machine_s_gpus() {
     use indexer_tests::dense::{DenseDevice, DenseProblem};
+    let name = "gpu_deterministic_outputs_are_equal_across_the_machine_s_gpus";
+    let Some(ctx0) = gpu(name) else {
+        return;
+    };
+    if ctx0.compute_capability().unwrap() != (9, 0) {
+        return;
+    }
     let n = dsa_indexer_bwd::cuda_device_count();
-    if n < 2 {
-        println!(
-            "gpu_deterministic_outputs_are_equal_across_the_machine_s_gpus: skipped: {n} GPU(s)"
-        );
-        return;
-    }
-    let ctxs: Vec<_> = (0..n)
-        .map(|i| cudarc::driver::CudaContext::new(i).expect("CUDA device"))
-        .collect();
+    let mut ctxs = vec![ctx0];
+    ctxs.extend((1..n).map(|i| cudarc::driver::CudaContext::new(i).expect("CUDA device")));
     let model = ctxs[0].name().unwrap();
-    if ctxs[0].compute_capability().unwrap() != (9, 0) {
-        return;
-    }
     let shape = Shape {
         batch: 2,
         seq_q: 300,
@@ -418,6 +432,15 @@ fn gpu_deterministic_outputs_are_equal_across_the_machine_s_gpus() {
         d.download(&stream, &opts)
     };
     let (first, first_dense) = (run_gpu(&ctxs[0], &p), dense_run(&ctxs[0]));
+    println!(
+        "GPU 0 ({model}): digest of the outputs, sparse {:016x}, dense {:016x}",
+        digest(&first),
+        digest(&first_dense)
+    );
+    if n < 2 {
+        println!("{name}: one GPU: nothing compared across GPUs");
+        return;
+    }
     let mut compared = 0;
     for (i, ctx) in ctxs.iter().enumerate().skip(1) {
         if ctx.name().unwrap() != model {
