@@ -95,10 +95,9 @@ pub(super) struct DenseGpu {
 enum Stage2 {
     /// Dense mode's tile kernel on the plan's work items.
     Tiles {
-        /// The tile kernel, or its deterministic twin.
+        /// The tile kernel, or its deterministic twin (the plan's
+        /// `Options::deterministic`).
         kernel: CudaFunction,
-        /// Whether `kernel` is the twin.
-        det: bool,
         items: CudaSlice<u32>,
         n_items: u32,
         /// 128-key tiles of the items (the twin's chains).
@@ -187,7 +186,6 @@ impl DenseGpu {
                 let heads = kernels_gpu::dense_wg::HEADS as usize;
                 Stage2::Tiles {
                     kernel,
-                    det: deterministic,
                     items,
                     n_items,
                     tiles,
@@ -260,8 +258,9 @@ impl DenseGpu {
     /// # Safety
     /// `p` passed the dense plan's checks for the shape this was built for
     /// (lengths, alignment, contexts, overlaps, workspace), on `stream`'s
-    /// context, and `p.ws` holds the f32 accumulator when `d_index_k` is
-    /// bf16.
+    /// context, and `p.ws` holds [`DenseGpu::workspace_bytes`] for `opts`,
+    /// the options this was built with (their `deterministic` chose the
+    /// kernels).
     pub(super) unsafe fn launch(
         &self,
         stream: &CudaStream,
@@ -347,7 +346,6 @@ impl DenseGpu {
         match &self.stage2 {
             Stage2::Tiles {
                 kernel,
-                det,
                 items,
                 n_items,
                 ..
@@ -356,10 +354,9 @@ impl DenseGpu {
                     unreachable!("the tile strategy's maps are encoded above")
                 };
                 let tiles = (kernel, items, *n_items, maps);
-                let turns = match (*det, ws.turns) {
-                    (true, Some(at)) => Some(p.ws + at),
-                    _ => None,
-                };
+                // The turn table exists exactly in deterministic mode,
+                // where `kernel` is the twin.
+                let turns = ws.turns.map(|at| p.ws + at);
                 // SAFETY: forwarded; stage 1 is on the stream before it,
                 // the zeroed turn table before that.
                 unsafe { self.launch_tiles(stream, p, opts, &call, tiles, turns)? }

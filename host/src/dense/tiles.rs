@@ -16,7 +16,7 @@
 use super::shape::Shape;
 use crate::error::Result;
 use kernels_gpu::abi::{DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS};
-use kernels_gpu::dense_wg::{ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS, WARPGROUPS};
+use kernels_gpu::dense_wg::{chains, ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS};
 
 /// One item's words.
 pub(super) type Item = [u32; DENSE_ITEM_WORDS];
@@ -59,7 +59,7 @@ pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, u32)> {
             // Keys no row sees still get an item (with no rows): it adds
             // nothing, but every key has its item.
             let (mut s, mut turn) = (first, 0u32);
-            let chain = WARPGROUPS * tile;
+            let chain = chains(tile);
             loop {
                 let end = (s + ITEM_MAX_ROWS as usize).min(nq);
                 let item = [
@@ -180,7 +180,7 @@ mod tests {
             let (items, tiles) = items(&shape).unwrap();
             let (rows, keys) = (shape.rows(), shape.key_rows());
             // The next turn each chain expects, in list order.
-            let chains = kernels_gpu::dense_wg::chains(tiles) as usize;
+            let chains = chains(tiles) as usize;
             let mut next_turn = vec![0u32; chains];
             let mut row_seen = vec![0; rows];
             let mut key_seen = vec![0; keys];
