@@ -556,7 +556,7 @@ pub const DET_SMEM: u32 = DET_THREADS / 32 * 4;
 
 /// A forward kernel (`forward`): one CTA of one warpgroup per query row,
 /// always launched with exactly its 128 threads, `min_ctas` resident CTAs
-/// per SM (the layouts fit them: `forward::residency` for the wgmma
+/// per SM (the layouts fit them: [`FWD_WG_CTAS`] for the wgmma
 /// kernels, `forward::ROWS_CTAS_PER_SM` for the portable ones; `forward`
 /// asserts both against this list).
 const fn fwd(name: &'static str, targets: Targets, min_ctas: u32) -> Kernel {
@@ -568,10 +568,13 @@ const fn fwd(name: &'static str, targets: Targets, min_ctas: u32) -> Kernel {
         targets,
     )
 }
-/// The wgmma forward kernel `name`, `min_ctas` resident per SM.
-const fn fwd_wg(name: &'static str, min_ctas: u32) -> Kernel {
-    fwd(name, Targets::SM90A, min_ctas)
+/// The wgmma forward kernel `name` ([`FWD_WG_CTAS`] resident per SM).
+const fn fwd_wg(name: &'static str) -> Kernel {
+    fwd(name, Targets::SM90A, FWD_WG_CTAS)
 }
+/// Resident CTAs per SM of the wgmma forward kernels
+/// (`forward::CTAS_PER_SM`, whose layouts fit them).
+pub const FWD_WG_CTAS: u32 = 3;
 /// The portable forward kernel `name` (two resident per SM).
 const fn fwd_rows(name: &'static str) -> Kernel {
     fwd(name, Targets::ALL, 2)
@@ -582,14 +585,14 @@ pub const FWD_THREADS: u32 = 128;
 /// The wgmma forward kernels (sm_90a), in [`SUPPORTED_HEADS`] x
 /// [`SUPPORTED_DIMS`] order.
 pub const FWD_WG: [Kernel; 8] = [
-    fwd_wg("indexer_fwd_wg_h16_d64", 3),
-    fwd_wg("indexer_fwd_wg_h16_d128", 3),
-    fwd_wg("indexer_fwd_wg_h32_d64", 3),
-    fwd_wg("indexer_fwd_wg_h32_d128", 3),
-    fwd_wg("indexer_fwd_wg_h64_d64", 3),
-    fwd_wg("indexer_fwd_wg_h64_d128", 3),
-    fwd_wg("indexer_fwd_wg_h128_d64", 3),
-    fwd_wg("indexer_fwd_wg_h128_d128", 2),
+    fwd_wg("indexer_fwd_wg_h16_d64"),
+    fwd_wg("indexer_fwd_wg_h16_d128"),
+    fwd_wg("indexer_fwd_wg_h32_d64"),
+    fwd_wg("indexer_fwd_wg_h32_d128"),
+    fwd_wg("indexer_fwd_wg_h64_d64"),
+    fwd_wg("indexer_fwd_wg_h64_d128"),
+    fwd_wg("indexer_fwd_wg_h128_d64"),
+    fwd_wg("indexer_fwd_wg_h128_d128"),
 ];
 
 /// The portable forward kernels (every PTX file), in the order of

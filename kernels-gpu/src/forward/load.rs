@@ -1,19 +1,19 @@
 //! The forward kernels' context and loads: the row's context ([`Row`]),
-//! key ids (copied [`super::ids_ahead`] chunks ahead of their gather, one slot per
+//! key ids (copied [`super::IDS_AHEAD`] chunks ahead of their gather, one slot per
 //! thread), their resolution into key rows ([`resolve`], by the thread
 //! that copied them, one iteration before the gather), the gather of a
 //! chunk's K rows, and the row's q tile and weights.
 //!
 //! The wgmma kernel's loads are all `cp.async`, committed as one group per
 //! chunk: the group of chunk `c` holds its K rows and the key ids of chunk
-//! `c + ids_ahead`; the prologue's, the q tile and the first chunks' ids.
+//! `c + IDS_AHEAD`; the prologue's, the q tile and the first chunks' ids.
 //! Thread `t < CHUNK` copies and resolves slot `t` of every chunk, so its
 //! own wait for a group makes the ids it resolves visible to it; the
 //! resolved key rows reach the gathering threads through a barrier.
 
 use super::{
-    batch_keys, chunks, ids_i64, key_row, pieces, rows_per_pass, FwdSmem, CHUNK, ID_BYTES, K_BLOCK,
-    ROW_BYTES, ROW_ELEMS, THREADS,
+    batch_keys, chunks, ids_i64, key_row, pieces, rows_per_pass, FwdSmem, CHUNK, ID_BYTES, ID_SETS,
+    KEY_SETS, K_BLOCK, ROW_BYTES, ROW_ELEMS, STAGES, THREADS,
 };
 use crate::abi::{FwdParams, FLAG_FWD_DENSE, FLAG_LOCAL_IDS};
 use crate::ptx::smem::{self as sh, SmemAddr};
@@ -145,7 +145,7 @@ impl<'a> Row<'a> {
 }
 
 /// Copies the key ids of chunk `c` (sparse; nothing in dense mode or past
-/// the row's chunks) into id set `c % id_sets`: thread `t < CHUNK` slot
+/// the row's chunks) into id set `c % ID_SETS`: thread `t < CHUNK` slot
 /// `t`'s, 4 or 8 bytes, zero past `cols` (where [`Row::key_of`] makes
 /// padding of any id).
 ///
@@ -170,7 +170,7 @@ pub(super) unsafe fn copy_ids(r: &Row<'_>, c: u32) {
     };
     let dst = r
         .base
-        .add(r.l.ids + (c % r.l.id_sets) * ID_SET + r.tid * ID_BYTES);
+        .add(r.l.ids + (c % ID_SETS) * ID_SET + r.tid * ID_BYTES);
     // SAFETY: this thread's slot of the set, aligned; src valid for n bytes
     // (host-checked id tensor, aligned to its width).
     unsafe {
@@ -183,7 +183,7 @@ pub(super) unsafe fn copy_ids(r: &Row<'_>, c: u32) {
 }
 
 /// Resolves slot `t` of chunk `c` (thread `t < CHUNK`; nothing past the
-/// row's chunks) into key set `c % key_sets`: its key row from the id this
+/// row's chunks) into key set `c % KEY_SETS`: its key row from the id this
 /// thread copied (sparse) or the row's visible range (dense), -1 for
 /// padding. Returns whether the slot is valid.
 ///
@@ -201,7 +201,7 @@ pub(super) unsafe fn resolve(r: &Row<'_>, c: u32) -> bool {
     } else {
         let at = r
             .base
-            .add(r.l.ids + (c % r.l.id_sets) * ID_SET + r.tid * ID_BYTES);
+            .add(r.l.ids + (c % ID_SETS) * ID_SET + r.tid * ID_BYTES);
         // SAFETY: the caller's contract; this thread's slot of the set.
         unsafe {
             if ids_i64(r.p) {
@@ -213,12 +213,12 @@ pub(super) unsafe fn resolve(r: &Row<'_>, c: u32) -> bool {
     };
     let key = r.key_of(c * CHUNK + r.tid, id);
     // SAFETY: this thread's word of the key set.
-    unsafe { sh::st_u32(r.keys(c % r.l.key_sets).add(4 * r.tid), key as u32) };
+    unsafe { sh::st_u32(r.keys(c % KEY_SETS).add(4 * r.tid), key as u32) };
     key >= 0
 }
 
-/// Gathers chunk `c`'s K rows (their key rows from key set `c % key_sets`)
-/// into K buffer `c % stages` as 64-column swizzle blocks (the wgmma A
+/// Gathers chunk `c`'s K rows (their key rows from key set `c % KEY_SETS`)
+/// into K buffer `c % STAGES` as 64-column swizzle blocks (the wgmma A
 /// operand, K-major; padding rows zero-filled): each thread one 16-byte
 /// piece of one row per pass, [`rows_per_pass`] rows apart.
 ///
@@ -229,8 +229,8 @@ pub(super) unsafe fn resolve(r: &Row<'_>, c: u32) -> bool {
 #[inline(always)]
 pub(super) unsafe fn gather(r: &Row<'_>, c: u32) {
     let (first, piece) = (r.tid / pieces(r.d), r.tid % pieces(r.d));
-    let kb = r.kbuf(c % r.l.stages);
-    let keys = r.keys(c % r.l.key_sets);
+    let kb = r.kbuf(c % STAGES);
+    let keys = r.keys(c % KEY_SETS);
     let row_bytes = (r.d * 2) as usize;
     let mut i = 0;
     while i < super::passes(r.d) {

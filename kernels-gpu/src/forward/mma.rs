@@ -18,7 +18,7 @@ pub(super) trait Tile {
     const H: u32;
     /// Head dimension (its K).
     const D: u32;
-    /// The kernel's shared-memory layout and walk depth.
+    /// The kernel's shared-memory layout.
     const L: super::FwdSmem = super::smem(Self::H, Self::D);
     /// The thread's accumulators of an `m64nH` tile.
     type Acc: Copy;
@@ -98,7 +98,7 @@ tile!(
     H128D128, 128, 128, two, fwd_m64n128_k128
 );
 
-/// The product of chunk `c` (K buffer `c % stages`) against the row's q
+/// The product of chunk `c` (K buffer `c % STAGES`) against the row's q
 /// tile.
 ///
 /// # Safety
@@ -106,7 +106,7 @@ tile!(
 /// tile complete, fenced for the async proxy and behind a barrier.
 #[inline(always)]
 pub(super) unsafe fn product<T: Tile>(r: &Row<'_>, c: u32) -> T::Acc {
-    let kb: SmemAddr = r.kbuf(c % r.l.stages);
+    let kb: SmemAddr = r.kbuf(c % super::STAGES);
     let q = r.base.add(r.l.q);
     let a0 = desc(kb.0, 16, ATOM_BYTES);
     let a1 = desc(kb.0 + super::K_BLOCK, 16, ATOM_BYTES);

@@ -7,8 +7,8 @@
 //! Two kernels compute it, one CTA of [`THREADS`] threads per query row,
 //! walking the row's slots in chunks of [`CHUNK`]:
 //! - the wgmma kernel (sm_90a, `wg`): K rows gathered by `cp.async` into
-//!   128-byte-swizzled shared memory one or two chunks ahead of use
-//!   (per shape, [`residency`]: rows in flight per SM first), one
+//!   128-byte-swizzled shared memory one chunk ahead of use ([`DIST`]),
+//!   [`CTAS_PER_SM`] rows per SM, one
 //!   `wgmma` product `S^T = K q^T` per chunk (M = 64 slots, N = H heads,
 //!   K = D) with the row's q tile as the B operand, the head sum in
 //!   registers;
@@ -50,36 +50,32 @@ pub const CHUNK: u32 = 64;
 pub const THREADS: u32 = 128;
 /// Warps per CTA.
 pub const WARPS: u32 = THREADS / 32;
-/// The most chunks of K rows the wgmma kernel keeps in flight ahead of
-/// the one being multiplied (its `dist`, per shape: [`residency`]).
-pub const MAX_DIST: u32 = 2;
-/// The most resident CTAs per SM the wgmma kernels are built for.
-pub const MAX_CTAS_PER_SM: u32 = 3;
-/// K buffers of the wgmma kernel: the chunk being multiplied, `dist` in
-/// flight, and the one being filled, whose buffer was last read two
-/// barriers earlier (so a gather never waits for another warp's product).
-pub const fn stages(dist: u32) -> u32 {
-    dist + 2
-}
+/// Chunks of K rows the wgmma kernel has in flight while it multiplies
+/// one. One: the `fence.proxy.async` that makes a chunk's `cp.async` rows
+/// visible to `wgmma` also waits for this thread's copies still in flight,
+/// so a deeper walk would wait for its later chunks at every fence; rows
+/// in flight come from resident CTAs instead ([`CTAS_PER_SM`]).
+pub const DIST: u32 = 1;
+/// Resident CTAs per SM the wgmma kernels are built for (launch bounds:
+/// at least this many), every shape.
+pub const CTAS_PER_SM: u32 = crate::registry::FWD_WG_CTAS;
+/// K buffers of the wgmma kernel: the chunk being multiplied and the
+/// [`DIST`] in flight (a chunk's gather starts after the barrier that
+/// follows the last product on its buffer).
+pub const STAGES: u32 = DIST + 1;
 /// Chunks ahead of its gather that a chunk's key ids are copied: the
-/// copy's group completes `dist` chunks later, in time for the chunk's
+/// copy's group completes [`DIST`] chunks later, in time for the chunk's
 /// resolution one iteration before its gather.
-pub const fn ids_ahead(dist: u32) -> u32 {
-    dist + 1
-}
+pub const IDS_AHEAD: u32 = DIST + 1;
 /// Id sets: a chunk's ids live from their copy to their resolution, one
 /// iteration before the gather, and a set is copied into again only after
 /// a barrier past that read.
-pub const fn id_sets(dist: u32) -> u32 {
-    ids_ahead(dist) + 1
-}
+pub const ID_SETS: u32 = IDS_AHEAD + 1;
 /// Resolved key sets: chunk `c`'s key rows are written one iteration
 /// before its gather and read by its gather and by its logits' stores
-/// `dist` iterations after the gather, then rewritten only after a
+/// [`DIST`] iterations after the gather, then rewritten only after a
 /// barrier past that read.
-pub const fn key_sets(dist: u32) -> u32 {
-    dist + 3
-}
+pub const KEY_SETS: u32 = DIST + 3;
 /// Bytes per slot of an id set: room for an i64 id.
 pub const ID_BYTES: u32 = 8;
 /// Bytes per swizzled row (64 bf16), and of one column block of a tile.
@@ -92,7 +88,7 @@ pub const ALIGN_SLACK: u32 = 1024;
 const SMEM_PER_SM: u32 = 228 * 1024;
 const SMEM_RESERVED_PER_CTA: u32 = 1024;
 /// Resident CTAs per SM the portable kernels are built for (launch
-/// bounds); the wgmma kernels' are per shape ([`residency`]).
+/// bounds).
 pub const ROWS_CTAS_PER_SM: u32 = 2;
 
 /// Heads and head dimensions the kernels are built for.
@@ -123,12 +119,12 @@ pub struct FwdSmem {
     pub q: u32,
     /// Bytes between the q tile's column blocks.
     pub q_block: u32,
-    /// [`stages`] K chunk buffers of `d / 64` blocks of [`CHUNK`] swizzled
+    /// [`STAGES`] K chunk buffers of `d / 64` blocks of [`CHUNK`] swizzled
     /// rows, [`k_bytes`] apart (the portable kernel: one unswizzled chunk).
     pub k: u32,
     /// The row's weights as f32, `h` values.
     pub w: u32,
-    /// Resolved key rows, [`key_sets`] sets of [`CHUNK`] i32 (-1
+    /// Resolved key rows, [`KEY_SETS`] sets of [`CHUNK`] i32 (-1
     /// padding); the portable kernel keeps its chunk's validity flags in
     /// set 0.
     pub keys: u32,
@@ -137,18 +133,9 @@ pub struct FwdSmem {
     pub lse: u32,
     /// The portable kernel's second-half head sums, [`CHUNK`] f32.
     pub part: u32,
-    /// Key ids, [`id_sets`] sets of [`CHUNK`] slots of [`ID_BYTES`] (an
+    /// Key ids, [`ID_SETS`] sets of [`CHUNK`] slots of [`ID_BYTES`] (an
     /// i64 id, or an i32 one in the first four bytes).
     pub ids: u32,
-    /// Chunks the walk gathers ahead of the one it multiplies (1 or
-    /// [`MAX_DIST`]); the set counts follow from it.
-    pub dist: u32,
-    /// K buffers ([`stages`] of `dist`).
-    pub stages: u32,
-    /// Resolved key sets ([`key_sets`] of `dist`).
-    pub key_sets: u32,
-    /// Id sets ([`id_sets`] of `dist`).
-    pub id_sets: u32,
     /// Bytes used after the aligned base.
     pub used: u32,
     /// Dynamic shared memory to request (used + alignment slack).
@@ -167,33 +154,10 @@ const fn fits(l: FwdSmem, ctas: u32) -> bool {
     ctas * (l.bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM
 }
 
-/// The wgmma kernel's layout for `h` x `d` with `dist` chunks in flight.
-const fn wg_layout(h: u32, d: u32, dist: u32) -> FwdSmem {
-    layout(h, d, stages(dist) * k_bytes(d), dist)
-}
-
-/// `(CTAs per SM, dist)` of the wgmma kernel for `h` heads and head
-/// dimension `d`. A row's walk is a chain of latencies, so rows in flight
-/// per SM come first: the most CTAs (up to [`MAX_CTAS_PER_SM`]) whose
-/// layout fits with one chunk in flight, then [`MAX_DIST`] chunks in
-/// flight where that layout still fits as many.
-pub const fn residency(h: u32, d: u32) -> (u32, u32) {
-    let mut ctas = MAX_CTAS_PER_SM;
-    while ctas > 1 && !fits(wg_layout(h, d, 1), ctas) {
-        ctas -= 1;
-    }
-    let dist = if fits(wg_layout(h, d, MAX_DIST), ctas) {
-        MAX_DIST
-    } else {
-        1
-    };
-    (ctas, dist)
-}
-
-/// The wgmma kernel's layout for `h` heads and head dimension `d` (its
-/// `dist` from [`residency`]).
+/// The wgmma kernel's layout for `h` heads and head dimension `d`:
+/// [`STAGES`] K buffers.
 pub const fn smem(h: u32, d: u32) -> FwdSmem {
-    wg_layout(h, d, residency(h, d).1)
+    layout(h, d, STAGES * k_bytes(d))
 }
 
 /// Words per K row in the portable kernel's shared memory: `d / 2` words
@@ -205,21 +169,20 @@ pub const fn rows_stride_words(d: u32) -> u32 {
 
 /// The portable kernel's layout: one padded, unswizzled K chunk.
 pub const fn rows_smem(h: u32, d: u32) -> FwdSmem {
-    layout(h, d, align(CHUNK * rows_stride_words(d) * 4, 1024), 1)
+    layout(h, d, align(CHUNK * rows_stride_words(d) * 4, 1024))
 }
 
-/// Regions in order, the K region `k_total` bytes, the sets of a walk
-/// with `dist` chunks in flight.
-const fn layout(h: u32, d: u32, k_total: u32, dist: u32) -> FwdSmem {
+/// Regions in order, the K region `k_total` bytes.
+const fn layout(h: u32, d: u32, k_total: u32) -> FwdSmem {
     let q = 0;
     let q_block = h * ROW_BYTES;
     let k = align(q + q_block * (d / ROW_ELEMS), 1024);
     let w = k + k_total;
     let keys = w + h * 4;
-    let lse = keys + key_sets(dist) * CHUNK * 4;
+    let lse = keys + KEY_SETS * CHUNK * 4;
     let part = lse + (WARPS * 2 + 4) * 4;
     let ids = part + CHUNK * 4;
-    let used = ids + id_sets(dist) * CHUNK * ID_BYTES;
+    let used = ids + ID_SETS * CHUNK * ID_BYTES;
     FwdSmem {
         q,
         q_block,
@@ -231,10 +194,6 @@ const fn layout(h: u32, d: u32, k_total: u32, dist: u32) -> FwdSmem {
         ids,
         used,
         bytes: used + ALIGN_SLACK,
-        dist,
-        stages: stages(dist),
-        key_sets: key_sets(dist),
-        id_sets: id_sets(dist),
     }
 }
 
@@ -244,9 +203,9 @@ const fn align(x: u32, a: u32) -> u32 {
 
 // The walk's set rings (`wg`): ids copied before they are resolved, each
 // chunk's live bit kept in a ring of 8 from its resolution to its product.
-const _: () = assert!(ids_ahead(MAX_DIST) < id_sets(MAX_DIST) && MAX_DIST + 2 < 8);
+const _: () = assert!(IDS_AHEAD < ID_SETS && DIST + 2 <= 8);
 
-/// The layout of every shape fits its [`residency`] on one SM (the
+/// The layout of every shape fits [`CTAS_PER_SM`] on one SM (the
 /// portable kernel's [`ROWS_CTAS_PER_SM`]), and the tiles start on
 /// 1024-byte swizzle-pattern boundaries.
 const _: () = {
@@ -256,8 +215,7 @@ const _: () = {
         while j < DIMS.len() {
             let (h, d) = (HEADS[i], DIMS[j]);
             let l = smem(h, d);
-            let (ctas, dist) = residency(h, d);
-            assert!(ctas >= 2 && fits(l, ctas) && (dist == 1 || dist == MAX_DIST));
+            assert!(fits(l, CTAS_PER_SM));
             assert!(
                 l.q.is_multiple_of(1024)
                     && l.k.is_multiple_of(1024)
@@ -267,7 +225,7 @@ const _: () = {
             // a block of 16 heads (the smallest) 2048 bytes.
             assert!(l.q_block.is_multiple_of(1024));
             assert!(l.w.is_multiple_of(16) && l.lse.is_multiple_of(8) && l.ids.is_multiple_of(8));
-            assert!(l.keys.is_multiple_of(16) && l.lse >= l.keys + l.key_sets * CHUNK * 4);
+            assert!(l.keys.is_multiple_of(16) && l.lse >= l.keys + KEY_SETS * CHUNK * 4);
             // Every thread gathers whole passes.
             assert!(THREADS.is_multiple_of(pieces(d)) && CHUNK.is_multiple_of(rows_per_pass(d)));
             // The portable kernel keeps a q tile of h rows of d bf16 in the
@@ -282,17 +240,18 @@ const _: () = {
     // One warpgroup: the wgmma product's M = 64 rows are its four warps'.
     assert!(THREADS == 128 && CHUNK == 64 && WARPS == 4);
     // The registry launches every forward kernel with these threads and
-    // its shape's residency (registry order: HEADS x DIMS).
+    // their residency.
     assert!(crate::registry::FWD_THREADS == THREADS);
     let mut k = 0;
     while k < crate::registry::FWD_WG.len() {
         let (a, b) = (crate::registry::FWD_WG[k], crate::registry::FWD_ROWS[k]);
-        let (h, d) = (HEADS[k / DIMS.len()], DIMS[k % DIMS.len()]);
         assert!(a.threads == THREADS && b.threads == THREADS);
-        let want = residency(h, d).0;
-        assert!(
-            matches!(a.bounds, crate::registry::Bounds::Exact { min_ctas } if min_ctas == want)
-        );
+        assert!(matches!(
+            a.bounds,
+            crate::registry::Bounds::Exact {
+                min_ctas: CTAS_PER_SM
+            }
+        ));
         assert!(matches!(
             b.bounds,
             crate::registry::Bounds::Exact {
@@ -853,32 +812,10 @@ mod tests {
         let l = smem(64, 128);
         assert_eq!(l.q_block, 8192);
         assert_eq!(l.k, 16384);
-        assert_eq!((l.dist, l.stages, l.key_sets, l.id_sets), (1, 3, 4, 3));
-        assert_eq!(l.w, l.k + 3 * 16384);
+        assert_eq!((STAGES, KEY_SETS, ID_SETS), (2, 4, 3));
+        assert_eq!(l.w, l.k + 2 * 16384);
+        assert_eq!(l.bytes, 53296);
         assert!(supports(8192, 2048) && !supports(0, 1) && !supports(1, 0));
         assert_eq!([0, 1, 64, 65, 2048].map(chunks), [0, 1, 1, 2, 32]);
-    }
-
-    #[test]
-    fn residency_puts_rows_in_flight_first() {
-        let want = [
-            ((16, 64), (3, 2)),
-            ((16, 128), (3, 2)),
-            ((32, 64), (3, 2)),
-            ((32, 128), (3, 1)),
-            ((64, 64), (3, 2)),
-            ((64, 128), (3, 1)),
-            ((128, 64), (3, 2)),
-            ((128, 128), (2, 2)),
-        ];
-        for ((h, d), r) in want {
-            assert_eq!(residency(h, d), r, "{h} x {d}");
-            let (ctas, dist) = r;
-            assert!(fits(smem(h, d), ctas), "{h} x {d}");
-            // No more CTAs fit with one chunk in flight (below the cap),
-            // and a deeper walk does not fit as many.
-            assert!(ctas == MAX_CTAS_PER_SM || !fits(wg_layout(h, d, 1), ctas + 1));
-            assert!(dist == MAX_DIST || !fits(wg_layout(h, d, MAX_DIST), ctas));
-        }
     }
 }

@@ -1,27 +1,27 @@
 //! The wgmma forward kernel's body (sm_90a): one CTA of one warpgroup per
-//! query row, walking the row's chunks with `DIST` gathers in flight (the
-//! shape's `dist`, [`super::residency`]; `STAGES`, `IDS_AHEAD` and
-//! `KEY_SETS` below are its [`super::stages`], [`super::ids_ahead`] and
-//! [`super::key_sets`]).
+//! query row, walking the row's chunks with [`DIST`] gathers in flight
+//! ([`super::STAGES`], [`IDS_AHEAD`] and [`super::KEY_SETS`] below follow
+//! from it).
 //!
-//! Iteration `it` of the walk gathers chunk `it`, resolves chunk `it + 1`
+//! Iteration `it` of the walk resolves chunk `it + 1`, gathers chunk `it`
 //! and multiplies chunk `it - DIST`:
 //!
 //! ```text
-//! gather chunk it (key set it) into K buffer it % STAGES | copy the ids
-//! of chunk it + IDS_AHEAD | commit | wait until DIST groups pend (chunk
-//! it - DIST's K rows and chunk it + 1's ids complete) | resolve chunk
-//! it + 1 into key set it + 1 | fence | barrier (popc: does chunk it + 1
-//! hold a valid slot?) | chunk it - DIST: if it holds one, wgmma and
-//! logits; every slot's store (the logit, or PAD_MARK), the running
-//! normaliser
+//! wait until DIST - 1 groups pend (chunk it - DIST's K rows and chunk
+//! it + 1's ids complete) | resolve chunk it + 1 into key set it + 1 |
+//! fence | barrier (popc: does chunk it + 1 hold a valid slot?) | gather
+//! chunk it (key set it) into K buffer it % STAGES | copy the ids of chunk
+//! it + IDS_AHEAD | commit | chunk it - DIST: if it holds a valid slot,
+//! wgmma and logits; every slot's store (the logit, or PAD_MARK), the
+//! running normaliser
 //! ```
 //!
+//! So DIST chunks' K rows are in flight while a chunk is multiplied.
 //! Reuse (sets and buffers by chunk modulo their count): K buffer
 //! `it % STAGES` was last read by the product of chunk `it - STAGES`, in
-//! iteration `it - STAGES + DIST = it - 2`, before the barrier of
-//! iteration `it - 1`. Key set `(it + 1) % KEY_SETS` was last read by the
-//! stores of chunk `it + 1 - KEY_SETS`, in iteration
+//! iteration `it - STAGES + DIST = it - 1`, which waited for it before
+//! the barrier of iteration `it`. Key set `(it + 1) % KEY_SETS` was last
+//! read by the stores of chunk `it + 1 - KEY_SETS`, in iteration
 //! `it + 1 - KEY_SETS + DIST = it - 2`, before the barrier of iteration
 //! `it - 1`. Id sets are private to their slot's thread, which
 //! resolves a chunk's ids before it copies into that set again. Every
@@ -31,20 +31,9 @@
 use super::load::{copy_ids, copy_q, gather, load_weights, resolve, Row};
 use super::mma::{logits, my_slots, product, scaled, weights, Tile};
 use super::softmax::{rewrite, row_lse};
-use super::{exp_fast, ids_ahead, Lse, CHUNK, PAD_MARK};
+use super::{exp_fast, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK};
 use crate::abi::FwdParams;
 use crate::ptx::{bulk, cp_async, smem as sh, sync};
-
-/// Waits until at most `dist` (1 or 2) of this thread's `cp.async` groups
-/// pend.
-#[inline(always)]
-fn wait_pending(dist: u32) {
-    if dist == 1 {
-        cp_async::wait_group::<1>();
-    } else {
-        cp_async::wait_group::<2>();
-    }
-}
 
 /// The kernel body for the shape `T`.
 ///
@@ -57,16 +46,14 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
     // SAFETY: the launch contract.
     let r = unsafe { Row::new(p, T::D, T::L) };
     let n = r.chunks();
-    let dist = T::L.dist;
-    let ahead = ids_ahead(dist);
     // Prologue: the q tile, the weights and the ids of the first
-    // `ahead` chunks; chunk 0 resolved; all behind one barrier.
+    // `IDS_AHEAD` chunks; chunk 0 resolved; all behind one barrier.
     // SAFETY: nothing read yet.
     unsafe {
         copy_q(&r, T::H);
         load_weights(&r, T::H);
         let mut c = 0;
-        while c < ahead {
+        while c < IDS_AHEAD {
             copy_ids(&r, c);
             c += 1;
         }
@@ -88,20 +75,10 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
     // Bit `c % 8`: chunk c holds a valid slot (set at its resolution).
     let mut live = (first > 0) as u32;
     let mut it = 0;
-    while it < n + dist {
-        if it < n {
-            // SAFETY: the reuse rules above; chunk it's key set was
-            // written before the barrier of iteration it - 1 (or the
-            // prologue's).
-            unsafe {
-                gather(&r, it);
-                copy_ids(&r, it + ahead);
-            }
-        }
-        cp_async::commit_group();
-        wait_pending(dist);
+    while it < n + DIST {
+        cp_async::wait_group::<{ DIST - 1 }>();
         // SAFETY: chunk it + 1's ids were copied by this thread in the
-        // group of iteration it + 1 - ahead = it - dist (or the
+        // group of iteration it + 1 - IDS_AHEAD = it - DIST (or the
         // prologue's), complete after the wait above.
         let any = unsafe { resolve(&r, it + 1) };
         // cp.async writes are generic-proxy writes; wgmma reads through
@@ -115,8 +92,18 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
         } else {
             live & !bit
         };
-        if it >= dist {
-            let c = it - dist;
+        if it < n {
+            // SAFETY: the reuse rules above; chunk it's key set was
+            // written before the barrier of iteration it - 1 (or the
+            // prologue's).
+            unsafe {
+                gather(&r, it);
+                copy_ids(&r, it + IDS_AHEAD);
+            }
+        }
+        cp_async::commit_group();
+        if it >= DIST {
+            let c = it - DIST;
             // SAFETY: whole warpgroup, `live` CTA-uniform; chunk c's K
             // rows and the q tile complete, fenced, behind the barrier.
             unsafe { chunk::<T>(&r, c, live & (1 << (c % 8)) != 0, &w, fast, &mut lse) };
@@ -173,7 +160,7 @@ unsafe fn chunk<T: Tile>(
     }
     // SAFETY: written by the slot's resolver before a barrier passed; read
     // again only after the next barrier (the reuse rules).
-    let key = unsafe { sh::ld_u32(r.keys(c % r.l.key_sets).add(4 * slot)) } as i32;
+    let key = unsafe { sh::ld_u32(r.keys(c % super::KEY_SETS).add(4 * slot)) } as i32;
     let bits = if key >= 0 {
         lse.push(x, exp_fast);
         x.to_bits()
