@@ -8,6 +8,8 @@
 //!   from the product module the plans share;
 //! - [`product_module`]: that product module, for instruments that live in
 //!   its watchdog builds (the watchdog's self-test);
+//! - [`row_gather_map`]: the TMA map of the benchmark's ring-gather
+//!   ceiling;
 //! - [`bringup`]: the Blackwell bring-up checks (compiled, not executed);
 //! - [`watchdog`]: the record a watchdog build leaves when a bounded wait
 //!   gives up.
@@ -58,4 +60,17 @@ pub fn product_module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
     let (major, minor) = ctx.compute_capability()?;
     let which = PtxModule::for_capability(major, minor)?;
     Ok(crate::modules::get(ctx, which)?.module())
+}
+
+/// The TMA map (`CUtensorMap` words) over `rows` bf16 rows of `dim`
+/// elements at device address `base`, one 64-column row half per box
+/// (128-byte swizzle): what the benchmark's ring-gather ceiling
+/// (`kernels_gpu::registry::CEIL_GATHER_STREAM`) reads its rows through.
+pub fn row_gather_map(base: u64, rows: u64, dim: u32) -> Result<[u64; 16]> {
+    let m = kernels_gpu::tma::gather_map(rows, dim, 64).map_err(|_| Error::Shape {
+        name: "head_dim",
+        value: dim as usize,
+        expected: "a TMA-encodable bf16 row (D * 2 a multiple of 16)",
+    })?;
+    Ok(crate::tma::encode(base, &crate::tma::TiledArgs::of(&m))?.0)
 }

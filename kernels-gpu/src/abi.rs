@@ -430,6 +430,35 @@ pub const CEIL_ROW: u32 = 128;
 pub const CEIL_MIX_GATHER: u32 = 1;
 /// `CeilParams::iters` bit of [`crate::registry::CEIL_GATHER_REDUCE`]: reduce the dK rows.
 pub const CEIL_MIX_REDUCE: u32 = 2;
+/// `CeilParams::iters` bit of [`crate::registry::CEIL_GATHER_STREAM`]: the
+/// rows by TMA (one 64-column box per row half, mbarrier per stage), else
+/// by 16-byte `cp.async`.
+pub const CEIL_STREAM_TMA: u32 = 1;
+/// `CeilParams::iters` bit of [`crate::registry::CEIL_GATHER_STREAM`]
+/// (`cp.async` only): `fence.proxy.async` after each stage's wait, as a
+/// kernel whose `wgmma` reads the rows needs.
+pub const CEIL_STREAM_FENCE: u32 = 2;
+/// Stages of [`crate::registry::CEIL_GATHER_STREAM`]'s ring: 64 rows of
+/// `CEIL_ROW` bf16 each (16 KiB, two 64-column swizzle blocks).
+pub const CEIL_STREAM_STAGES: u32 = 4;
+/// Rows per stage of [`crate::registry::CEIL_GATHER_STREAM`].
+pub const CEIL_STREAM_ROWS: u32 = 64;
+/// Threads of [`crate::registry::CEIL_GATHER_STREAM`].
+pub const CEIL_STREAM_THREADS: u32 = 128;
+/// Most chunks of 64 rows one CTA of [`crate::registry::CEIL_GATHER_STREAM`]
+/// takes: their row ids are copied into shared memory before the walk,
+/// so that no row waits for its id's load.
+pub const CEIL_STREAM_MAX_CHUNKS: u32 = 64;
+/// Dynamic shared memory of [`crate::registry::CEIL_GATHER_STREAM`]: the
+/// ring, its mbarriers, the row ids, the 1024-byte alignment slack.
+pub const CEIL_STREAM_SMEM: u32 = CEIL_STREAM_STAGES * CEIL_STREAM_ROWS * CEIL_ROW * 2
+    + 64
+    + CEIL_STREAM_MAX_CHUNKS * CEIL_STREAM_ROWS * 4
+    + 1024;
+/// Bytes at the start of `CeilParams::a` of
+/// [`crate::registry::CEIL_GATHER_STREAM`] holding the TMA map over `b`
+/// (64-byte aligned); the threads' checksums follow.
+pub const CEIL_STREAM_MAP_BYTES: u32 = 128;
 /// Threads per CTA of the bulk scatter ceiling (each stages one row).
 pub const CEIL_BULK_THREADS: u32 = 64;
 /// Dynamic shared memory of the bulk scatter ceiling.

@@ -658,6 +658,9 @@ pub const CEIL_SCATTER_BULK: Kernel = ceil("ceil_scatter_bulk", CEIL_BULK_THREAD
 pub const CEIL_GATHER: Kernel = ceil("ceil_gather_bf16", 256);
 /// Streaming copy.
 pub const CEIL_COPY: Kernel = ceil("ceil_copy", 256);
+/// Gathered rows through a shared-memory ring, by `cp.async` (with or
+/// without the proxy fence) or by TMA (`abi::CEIL_STREAM_*`).
+pub const CEIL_GATHER_STREAM: Kernel = ceil("ceil_gather_stream", crate::abi::CEIL_STREAM_THREADS);
 /// Gather and reduce mixed (`abi::CEIL_MIX_*`).
 pub const CEIL_GATHER_REDUCE: Kernel = ceil("ceil_gather_reduce", 256);
 
@@ -763,7 +766,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 70] = [
+pub const KERNELS: [Kernel; 71] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -794,6 +797,7 @@ pub const KERNELS: [Kernel; 70] = [
     CEIL_GATHER,
     CEIL_COPY,
     CEIL_GATHER_REDUCE,
+    CEIL_GATHER_STREAM,
     SM100_SMOKE,
     SM100_STAGE2[0],
     SM100_STAGE2[1],

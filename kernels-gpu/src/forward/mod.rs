@@ -51,10 +51,10 @@ pub const THREADS: u32 = 128;
 /// Warps per CTA.
 pub const WARPS: u32 = THREADS / 32;
 /// Chunks of K rows the wgmma kernel has in flight while it multiplies
-/// one. One: the `fence.proxy.async` that makes a chunk's `cp.async` rows
-/// visible to `wgmma` also waits for this thread's copies still in flight,
-/// so a deeper walk would wait for its later chunks at every fence; rows
-/// in flight come from resident CTAs instead ([`CTAS_PER_SM`]).
+/// one. One: every chunk in flight takes a K buffer, whose shared memory
+/// costs resident CTAs, and resident rows hide the gathers' latency better
+/// than a deeper walk of fewer rows (two buffers let four CTAs of H = 64,
+/// D = 128 reside; [`CTAS_PER_SM`] is the launch bounds' floor).
 pub const DIST: u32 = 1;
 /// Resident CTAs per SM the wgmma kernels are built for (launch bounds:
 /// at least this many), every shape.

@@ -3,10 +3,16 @@
 //! f32 row reduction (per-element `red` and bulk `cp.reduce.async.bulk`),
 //! gathered bf16 rows, plain copy bandwidth, and the per-slot traffic of
 //! the gradient kernels (one gathered bf16 K row and one `red.v4` dK row
-//! per slot, alone and together).
+//! per slot, alone and together), and gathered rows streamed through a
+//! shared-memory ring as the wgmma kernels consume them (`cp.async` with
+//! and without the proxy fence, TMA).
 
 use crate::abi::{CeilParams, CEIL_MIX_GATHER, CEIL_MIX_REDUCE, CEIL_MMA_CHAINS, CEIL_ROW};
-use crate::ptx::{bulk, global, mma, smem, sreg};
+use crate::abi::{
+    CEIL_STREAM_FENCE, CEIL_STREAM_MAP_BYTES, CEIL_STREAM_ROWS, CEIL_STREAM_STAGES, CEIL_STREAM_TMA,
+};
+use crate::ptx::smem::SmemAddr;
+use crate::ptx::{bulk, cp_async, global, mbarrier, mma, smem, sreg, sync, tma};
 
 /// Independent accumulator chains per warp in [`ceil_mma_bf16`].
 const CHAINS: usize = CEIL_MMA_CHAINS as usize;
@@ -207,4 +213,149 @@ pub unsafe extern "ptx-kernel" fn ceil_copy(p: CeilParams) {
         }
         i += stride;
     }
+}
+
+/// Bytes of one stage of [`ceil_gather_stream`]'s ring.
+const STAGE_BYTES: u32 = CEIL_STREAM_ROWS * CEIL_ROW * 2;
+/// Bytes of one 64-column block of a stage.
+const BLOCK_BYTES: u32 = CEIL_STREAM_ROWS * 128;
+
+/// Gathered bf16 rows streamed through a ring of `CEIL_STREAM_STAGES`
+/// stages of 64 rows, `CEIL_STREAM_STAGES - 1` stages in flight: CTA `b`
+/// takes chunks `b, b + grid, ...` of 64 row ids of `p.idx` (`p.n / 64`
+/// chunks), waits for each, reads it back (a checksum per thread into
+/// `p.a` after its map) and refills the stage consumed one iteration
+/// before (at most `CEIL_STREAM_MAX_CHUNKS` chunks a CTA, whose ids it
+/// copies into shared memory first). `p.iters`: [`CEIL_STREAM_TMA`] loads each row as two
+/// 64-column boxes of the TMA map at the start of `p.a` (128-byte swizzle,
+/// one mbarrier per stage); else 16-byte `cp.async` pieces into the same
+/// swizzled layout, with [`CEIL_STREAM_FENCE`] a `fence.proxy.async` after
+/// each wait.
+///
+/// # Safety
+/// `CEIL_STREAM_THREADS` threads, `CEIL_STREAM_SMEM` bytes of dynamic
+/// shared memory; `p.idx` holds `p.n` row ids of `p.b` (rows of
+/// `CEIL_ROW` bf16, 16-byte aligned); `p.a` starts with a map over `p.b`
+/// (`CEIL_STREAM_MAP_BYTES`, 64-byte aligned), then one u32 per launched
+/// thread.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn ceil_gather_stream(p: CeilParams) {
+    let tid = sreg::thread_idx_x();
+    let (cta, grid) = (sreg::block_idx_x(), sreg::grid_dim_x());
+    let ring = SmemAddr((smem::base().0 + 1023) & !1023);
+    let bars = ring.add(CEIL_STREAM_STAGES * STAGE_BYTES);
+    let sids = bars.add(64);
+    let tma_mode = p.iters & CEIL_STREAM_TMA != 0;
+    let fence = p.iters & CEIL_STREAM_FENCE != 0;
+    let map = p.a;
+    let chunks = (p.n / CEIL_STREAM_ROWS as u64) as u32;
+    let mine = if cta < chunks {
+        (chunks - cta)
+            .div_ceil(grid)
+            .min(crate::abi::CEIL_STREAM_MAX_CHUNKS)
+    } else {
+        0
+    };
+    // The CTA's row ids, chunk k at word 64 k.
+    let mut w = tid;
+    while w < mine * CEIL_STREAM_ROWS {
+        let (k, t) = (w / CEIL_STREAM_ROWS, w % CEIL_STREAM_ROWS);
+        // SAFETY: in range (caller); this thread's word of the id region.
+        unsafe {
+            let id = *(p.idx as *const i32).add(((cta + k * grid) * CEIL_STREAM_ROWS + t) as usize);
+            smem::st_u32(sids.add(4 * w), id as u32);
+        }
+        w += crate::abi::CEIL_STREAM_THREADS;
+    }
+    if tid == 0 {
+        for s in 0..CEIL_STREAM_STAGES {
+            // SAFETY: this CTA's barrier words, before any use.
+            unsafe { mbarrier::init(bars.add(8 * s), 1) };
+        }
+        mbarrier::fence_init();
+    }
+    // SAFETY: uniform control flow, every thread.
+    unsafe { sync::bar_sync() };
+    // Fills the stage of the CTA's chunk `k` (nothing past its chunks).
+    let issue = |k: u32| {
+        let stage = k % CEIL_STREAM_STAGES;
+        let dst = ring.add(stage * STAGE_BYTES);
+        if k >= mine {
+            return;
+        }
+        let id = |t: u32| {
+            // SAFETY: written before the first barrier.
+            unsafe { smem::ld_u32(sids.add(4 * (k * CEIL_STREAM_ROWS + t))) as i32 }
+        };
+        if tma_mode {
+            let bar = bars.add(8 * stage);
+            // SAFETY: in-range ids and map (caller); the stage was read
+            // before the barrier this thread passed last.
+            unsafe {
+                if tid == 0 {
+                    tma::arrive_expect_tx(bar, STAGE_BYTES);
+                }
+                if tid < CEIL_STREAM_ROWS {
+                    let r = id(tid);
+                    tma::load_2d(dst.add(tid * 128), map, 0, r, bar);
+                    tma::load_2d(dst.add(BLOCK_BYTES + tid * 128), map, 64, r, bar);
+                }
+            }
+        } else {
+            let pieces = CEIL_ROW * 2 / 16;
+            let (first, piece) = (tid / pieces, tid % pieces);
+            let per_pass = crate::abi::CEIL_STREAM_THREADS / pieces;
+            let mut i = 0;
+            while i < CEIL_STREAM_ROWS / per_pass {
+                let row = first + per_pass * i;
+                // SAFETY: in-range ids and rows (caller); the stage was read
+                // before the barrier this thread passed last.
+                unsafe {
+                    let r = id(row) as usize;
+                    let src =
+                        (p.b as *const u8).add(r * CEIL_ROW as usize * 2 + piece as usize * 16);
+                    let at = (piece / 8) * BLOCK_BYTES
+                        + crate::tma::swizzle128_offset(row, (piece % 8) * 8);
+                    cp_async::copy_16(dst.add(at), src, 16);
+                }
+                i += 1;
+            }
+            cp_async::commit_group();
+        }
+    };
+    let mut k = 0;
+    while k + 1 < CEIL_STREAM_STAGES {
+        issue(k);
+        k += 1;
+    }
+    let mut sum = 0u32;
+    let mut k = 0;
+    while k < mine {
+        let stage = k % CEIL_STREAM_STAGES;
+        if tma_mode {
+            // SAFETY: the stage's barrier, its phase of chunk k.
+            unsafe { mbarrier::wait_parity(bars.add(8 * stage), (k / CEIL_STREAM_STAGES) % 2) };
+        } else {
+            // Chunks k + 1 .. k + STAGES - 2 may still land.
+            cp_async::wait_group::<{ CEIL_STREAM_STAGES as u32 - 2 }>();
+            if fence {
+                bulk::fence_proxy_async_shared();
+            }
+        }
+        // SAFETY: uniform control flow, every thread.
+        unsafe { sync::bar_sync() };
+        let at = ring.add(stage * STAGE_BYTES + tid * 128);
+        for j in 0..8 {
+            // SAFETY: inside the stage, complete (waited, behind the barrier).
+            sum ^= unsafe { smem::ld_u32(at.add(16 * j)) };
+        }
+        issue(k + CEIL_STREAM_STAGES - 1);
+        k += 1;
+    }
+    if !tma_mode {
+        cp_async::wait_all();
+    }
+    let out = (p.a + CEIL_STREAM_MAP_BYTES as u64) as *mut u32;
+    // SAFETY: one u32 per launched thread after the map (caller).
+    unsafe { *out.add((cta * crate::abi::CEIL_STREAM_THREADS + tid) as usize) = sum };
 }

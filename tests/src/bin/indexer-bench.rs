@@ -83,7 +83,8 @@ use indexer_tests::report::{
 use indexer_tests::{grad_vec, DeviceProblem, Gen, Padding, Problem, Values};
 use kernels_gpu::abi::*;
 use kernels_gpu::registry::{
-    CEIL_COPY, CEIL_GATHER, CEIL_GATHER_REDUCE, CEIL_MMA, CEIL_SCATTER_BULK, CEIL_SCATTER_RED,
+    CEIL_COPY, CEIL_GATHER, CEIL_GATHER_REDUCE, CEIL_GATHER_STREAM, CEIL_MMA, CEIL_SCATTER_BULK,
+    CEIL_SCATTER_RED,
 };
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -415,6 +416,41 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
             rate(CEIL_MIX_GATHER | CEIL_MIX_REDUCE),
         )
     };
+    // Gathered rows streamed through a shared-memory ring, 64-row stages
+    // as the forward's chunks: cp.async, cp.async with the proxy fence a
+    // wgmma consumer needs, TMA row boxes. Printed only.
+    {
+        let map = dsa_indexer_bwd::lab::row_gather_map(sp, key_rows as u64, CEIL_ROW).unwrap();
+        let (grid, block) = (sms * 2, CEIL_STREAM_THREADS);
+        let mut words = map.to_vec();
+        words.resize(16 + (grid * block) as usize / 2, 0);
+        let mut out = stream.clone_htod(&words).unwrap();
+        let (ap, _ga) = out.device_ptr_mut(stream);
+        let g = f(CEIL_GATHER_STREAM.name);
+        gpu::set_dynamic_smem(&g, CEIL_STREAM_SMEM).unwrap();
+        let rate = |mode: u32| {
+            let p = CeilParams {
+                a: ap,
+                b: sp,
+                idx: ip,
+                n: n as u64,
+                iters: mode,
+                ..Default::default()
+            };
+            n as f64
+                / time_kernel(ctx, stream, runs, || {
+                    launch(&g, grid, block, CEIL_STREAM_SMEM, &p)
+                })
+        };
+        let (plain, fenced, tma) = (rate(0), rate(CEIL_STREAM_FENCE), rate(CEIL_STREAM_TMA));
+        println!(
+            "Gathered 256-byte rows through a ring of {CEIL_STREAM_STAGES} 64-row stages ({} CTAs of {block}): cp.async {:.2} G rows/s, cp.async with fence.proxy.async {:.2} G rows/s, TMA row boxes {:.2} G rows/s.",
+            grid,
+            plain / 1e9,
+            fenced / 1e9,
+            tma / 1e9
+        );
+    }
     Ceilings {
         mma_flops,
         scatter_red,
