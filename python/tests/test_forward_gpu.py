@@ -50,6 +50,18 @@ def problem(b, sq, sk, h, d, topk, key_ids, device, seed=0, ids_dtype=torch.int6
     return [x.to(device).contiguous() for x in (q, w, k, ids, target)]
 
 
+def dense_problem(b, s, h, d, seed):
+    """A causal dense problem on the GPU: q, w, k (bf16, uniform in
+    [-1, 1)), the causal mask, attention scores on it and their row sums."""
+    g = torch.Generator().manual_seed(seed)
+    q = ((torch.rand(b, s, h, d, generator=g) * 2 - 1).bfloat16()).cuda()
+    w = ((torch.rand(b, s, h, generator=g) * 2 - 1).bfloat16()).cuda()
+    k = ((torch.rand(b, s, d, generator=g) * 2 - 1).bfloat16()).cuda()
+    causal = torch.tril(torch.ones(s, s, dtype=torch.bool)).cuda()
+    attn = torch.rand(b, s, s, generator=g).cuda() * causal
+    return q, w, k, causal, attn, attn.sum(-1)
+
+
 def torch_logits(q, w, k, ids, sm_scale, key_ids):
     """f64 logits (B, S_q, topk) and the validity of each slot."""
     b, sq, h, d = q.shape
@@ -220,14 +232,8 @@ class OpsTest(unittest.TestCase):
             self.assertLess(rel(a, b.grad), 8e-3, name)
 
     def test_dense_loss_gradients_match_torch_autograd(self):
-        g = torch.Generator().manual_seed(9)
-        b, s, h, d = 1, 96, 64, 128
-        q = ((torch.rand(b, s, h, d, generator=g) * 2 - 1).bfloat16()).cuda()
-        w = ((torch.rand(b, s, h, generator=g) * 2 - 1).bfloat16()).cuda()
-        k = ((torch.rand(b, s, d, generator=g) * 2 - 1).bfloat16()).cuda()
-        causal = torch.tril(torch.ones(s, s, dtype=torch.bool)).cuda()
-        attn = torch.rand(b, s, s, generator=g).cuda() * causal
-        l1 = attn.sum(-1)
+        b, s = 1, 96
+        q, w, k, causal, attn, l1 = dense_problem(b, s, 64, 128, seed=9)
         leaves = [x.clone().requires_grad_() for x in (q, w, k)]
         loss = dense_indexer_loss(*leaves, attn, l1, sm_scale=0.1)
         loss.backward()
@@ -245,14 +251,7 @@ class OpsTest(unittest.TestCase):
             self.assertLess(rel(a.grad, r.grad), 8e-3, name)
 
     def test_deterministic_dense_loss_gradients_repeat_bit_for_bit(self):
-        g = torch.Generator().manual_seed(11)
-        b, s, h, d = 1, 520, 64, 128
-        q = ((torch.rand(b, s, h, d, generator=g) * 2 - 1).bfloat16()).cuda()
-        w = ((torch.rand(b, s, h, generator=g) * 2 - 1).bfloat16()).cuda()
-        k = ((torch.rand(b, s, d, generator=g) * 2 - 1).bfloat16()).cuda()
-        causal = torch.tril(torch.ones(s, s, dtype=torch.bool)).cuda()
-        attn = torch.rand(b, s, s, generator=g).cuda() * causal
-        l1 = attn.sum(-1)
+        q, w, k, _, attn, l1 = dense_problem(1, 520, 64, 128, seed=11)
         grads = []
         for _ in range(3):
             leaves = [x.clone().requires_grad_() for x in (q, w, k)]

@@ -197,23 +197,14 @@ fn gpu_deterministic_outputs_do_not_depend_on_streams_or_interleaving() {
             s3.synchronize().unwrap();
             // Queued back to back on three streams: the GPU runs them
             // concurrently, in an order that changes from round to round.
-            match round {
-                0 => {
-                    d1.execute(&plan, &s1, p.loss_coeff).unwrap();
-                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
-                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
-                }
-                1 => {
-                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
-                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
-                    d1.execute(&plan, &s1, p.loss_coeff).unwrap();
-                }
-                _ => {
-                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
-                    d1.execute(&plan, &s1, p.loss_coeff).unwrap();
-                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
-                }
-            }
+            queue_round(
+                round,
+                |i| match i {
+                    0 => d1.execute(&plan, &s1, p.loss_coeff).unwrap(),
+                    _ => d2.execute(&plan, &s2, p.loss_coeff).unwrap(),
+                },
+                || d3.execute(&fast, &s3, p.loss_coeff).unwrap(),
+            );
             s1.synchronize().unwrap();
             s2.synchronize().unwrap();
             s3.synchronize().unwrap();
@@ -242,6 +233,29 @@ fn gpu_deterministic_outputs_do_not_depend_on_streams_or_interleaving() {
             det_err.d_index_k,
             default_err.d_index_k
         );
+    }
+}
+
+/// Queues round `round` of an interleaving test: the deterministic runs
+/// `det(0)` and `det(1)` (one stream each) and the default-mode run
+/// `fast()` (a third), in an order that changes from round to round.
+fn queue_round(round: usize, mut det: impl FnMut(usize), mut fast: impl FnMut()) {
+    match round % 3 {
+        0 => {
+            det(0);
+            fast();
+            det(1);
+        }
+        1 => {
+            fast();
+            det(1);
+            det(0);
+        }
+        _ => {
+            det(1);
+            det(0);
+            fast();
+        }
     }
 }
 
@@ -310,24 +324,14 @@ fn gpu_deterministic_dense_mode_does_not_depend_on_streams_or_interleaving() {
             for s in [&s1, &s2, &s3] {
                 s.synchronize().unwrap();
             }
-            let mut one = || d1.execute(&plan, &s1, p.loss_coeff).unwrap();
-            match round {
-                0 => {
-                    one();
-                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
-                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
-                }
-                1 => {
-                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
-                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
-                    one();
-                }
-                _ => {
-                    d2.execute(&plan, &s2, p.loss_coeff).unwrap();
-                    one();
-                    d3.execute(&fast, &s3, p.loss_coeff).unwrap();
-                }
-            }
+            queue_round(
+                round,
+                |i| match i {
+                    0 => d1.execute(&plan, &s1, p.loss_coeff).unwrap(),
+                    _ => d2.execute(&plan, &s2, p.loss_coeff).unwrap(),
+                },
+                || d3.execute(&fast, &s3, p.loss_coeff).unwrap(),
+            );
             for s in [&s1, &s2, &s3] {
                 s.synchronize().unwrap();
             }

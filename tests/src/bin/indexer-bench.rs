@@ -396,18 +396,21 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
     };
     // Per-slot traffic of the gradient kernels: the same 2^20 slots,
     // gathering, reducing, both.
+    // The parameters of a ceiling over the 2^20 row ids, mode `iters`,
+    // destination `a`.
+    let over_ids = |a: u64, iters: u32| CeilParams {
+        a,
+        b: sp,
+        idx: ip,
+        n: n as u64,
+        iters,
+        ..Default::default()
+    };
     let (slots_gather, slots_reduce, slots_both) = {
         let (ap, _ga) = acc.device_ptr_mut(stream);
         let mix = f(CEIL_GATHER_REDUCE.name);
         let rate = |mode: u32| {
-            let p = CeilParams {
-                a: ap,
-                b: sp,
-                idx: ip,
-                n: n as u64,
-                iters: mode,
-                ..Default::default()
-            };
+            let p = over_ids(ap, mode);
             n as f64 / time_kernel(ctx, stream, runs, || launch(&mix, sms * 8, 256, 0, &p))
         };
         (
@@ -428,15 +431,10 @@ fn measure_ceilings(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, key_rows: 
         let (ap, _ga) = out.device_ptr_mut(stream);
         let g = f(CEIL_GATHER_STREAM.name);
         gpu::set_dynamic_smem(&g, CEIL_STREAM_SMEM).unwrap();
+        // Every chunk of 64 ids within the CTAs' share.
+        assert!(n as u32 / CEIL_STREAM_ROWS <= grid * CEIL_STREAM_MAX_CHUNKS);
         let rate = |mode: u32| {
-            let p = CeilParams {
-                a: ap,
-                b: sp,
-                idx: ip,
-                n: n as u64,
-                iters: mode,
-                ..Default::default()
-            };
+            let p = over_ids(ap, mode);
             n as f64
                 / time_kernel(ctx, stream, runs, || {
                     launch(&g, grid, block, CEIL_STREAM_SMEM, &p)
