@@ -6,17 +6,24 @@
 use super::DetTables;
 use super::{finish, floor_exp, key_exp, magic_int, pack_pair, pow2_f32, quant_units};
 use super::{join_units, slot_bound, special_bit, split_units, unpack_pair, ROUND_MAGIC};
-use crate::abi::{DetParams, DET_KEY_SUM_THREADS, DET_THREADS};
+use crate::abi::{DetParams, GradParams, DET_KEY_SUM_THREADS, DET_THREADS, FLAG_LOCAL_IDS};
 use crate::ptx::{arith, cvt, global, smem, sreg, sync};
-use crate::score::{load_id, resolve};
+use crate::score::{ids_i64, narrow_id, resolve};
+
+/// Loads a thread of `det_bounds` or `det_key_sums` issues before it
+/// uses any of them (head rows of `index_q`, slots): the passes do little
+/// work per load, so one load at a time would leave them waiting on its
+/// latency.
+const LOAD_BATCH: usize = 8;
 
 /// The bound factor of query row `row`, `|sm_scale| * sum_h |w_h| *
 /// max_d |q_hd|` over the finite elements (a finite contribution has only
 /// finite terms), f32::MAX where it overflows. A head row is `D / 8`
 /// lanes of 16 bytes, so one warp instruction loads `256 / D` head rows;
-/// heads are dealt to the CTA's warps in those groups, round robin; each
-/// warp's terms are summed by a fixed butterfly, the warps' sums in warp
-/// order: the same value every run.
+/// heads are dealt to the CTA's warps in those groups, round robin, and
+/// each thread loads [`LOAD_BATCH`] groups before it reduces them; each
+/// warp's terms are summed by a fixed butterfly, in increasing head
+/// order, the warps' sums in warp order: the same value every run.
 ///
 /// # Safety
 /// Every thread of the CTA ([`DET_THREADS`]) calls it with the same `row`
@@ -32,41 +39,48 @@ unsafe fn row_factor(p: &DetParams, row: u32) -> f32 {
     let lanes = dim / 8;
     let per_load = 32 / lanes;
     let (sub, col) = (lane / lanes, lane % lanes);
+    let round = per_load * (DET_THREADS / 32);
     let mut part = 0.0f32;
     let mut h0 = warp * per_load;
     while h0 < heads {
-        let h = h0 + sub;
-        let mut m = 0.0f32;
-        if h < heads {
+        // Every load of the batch first; a head past the end reads head 0
+        // of the row (a valid address) and is left out below.
+        let mut eight = [[0u32; 4]; LOAD_BATCH];
+        let mut wv = [0.0f32; LOAD_BATCH];
+        for (j, (e, wj)) in eight.iter_mut().zip(wv.iter_mut()).enumerate() {
+            let h = h0 + j as u32 * round + sub;
+            let h = if h < heads { h } else { 0 };
             let at = (row as usize * heads as usize + h as usize) * dim as usize + 8 * col as usize;
             // SAFETY: row < B*S_q, h < H, 8 col + 8 <= D: inside index_q,
-            // 16-byte aligned (16-byte aligned base, D % 8 == 0); not
-            // written during the call.
-            let eight = unsafe { global::ld_nc_v4(q.add(at) as *const u8) };
+            // 16-byte aligned (16-byte aligned base, D % 8 == 0), and
+            // inside weights; neither written during the call.
+            unsafe {
+                *e = global::ld_nc_v4(q.add(at) as *const u8);
+                *wj = cvt::bf16_to_f32(*w.add(row as usize * heads as usize + h as usize));
+            }
+        }
+        for (j, (e, wj)) in eight.iter().zip(wv.iter()).enumerate() {
+            let h = h0 + j as u32 * round + sub;
+            let mut m = 0.0f32;
             for i in 0..8 {
-                let v = cvt::bf16_to_f32((eight[i / 2] >> (16 * (i % 2))) as u16);
+                let v = cvt::bf16_to_f32((e[i / 2] >> (16 * (i % 2))) as u16);
                 if v.is_finite() {
                     m = m.max(v.abs());
                 }
             }
-        }
-        // The head row's maximum over its `lanes` lanes (an aligned group
-        // of a power of two: XOR stays inside it).
-        let mut o = lanes / 2;
-        while o > 0 {
-            // SAFETY: the whole warp (the loops are warp-uniform).
-            m = m.max(unsafe { sync::shfl_xor_f32(m, o) });
-            o /= 2;
-        }
-        if h < heads && col == 0 {
-            // SAFETY: inside weights.
-            let wv =
-                cvt::bf16_to_f32(unsafe { *w.add(row as usize * heads as usize + h as usize) });
-            if wv.is_finite() {
-                part += wv.abs() * m;
+            // The head row's maximum over its `lanes` lanes (an aligned
+            // group of a power of two: XOR stays inside it).
+            let mut o = lanes / 2;
+            while o > 0 {
+                // SAFETY: the whole warp (the loops are warp-uniform).
+                m = m.max(unsafe { sync::shfl_xor_f32(m, o) });
+                o /= 2;
+            }
+            if h < heads && col == 0 && wj.is_finite() {
+                part += wj.abs() * m;
             }
         }
-        h0 += per_load * (DET_THREADS / 32);
+        h0 += LOAD_BATCH as u32 * round;
     }
     // SAFETY: the whole warp (the loop above reconverged).
     let part = unsafe { sync::warp_sum_f32(part) };
@@ -91,6 +105,104 @@ unsafe fn row_factor(p: &DetParams, row: u32) -> f32 {
     }
 }
 
+/// One thread's walk over the slots of query rows `r0..r1` (slot `t` of
+/// row `r` at flat index `r * topk + t`) in steps of the CTA's threads,
+/// with the query row and column kept beside the index (no division per
+/// slot).
+#[derive(Clone, Copy)]
+struct SlotWalk {
+    at: usize,
+    end: usize,
+    row: u32,
+    col: u32,
+    topk: u32,
+    step: u32,
+}
+
+impl SlotWalk {
+    /// The walk of thread `tid` of `threads` over rows `r0..r1` (`r0 <
+    /// r1`, `topk >= 1`).
+    fn new(r0: u32, r1: u32, topk: u32, tid: u32, threads: u32) -> Self {
+        SlotWalk {
+            at: r0 as usize * topk as usize + tid as usize,
+            end: r1 as usize * topk as usize,
+            row: r0 + tid / topk,
+            col: tid % topk,
+            topk,
+            step: threads,
+        }
+    }
+
+    fn live(&self) -> bool {
+        self.at < self.end
+    }
+
+    fn advance(&mut self) {
+        self.at += self.step as usize;
+        self.row += self.step / self.topk;
+        self.col += self.step % self.topk;
+        if self.col >= self.topk {
+            self.col -= self.topk;
+            self.row += 1;
+        }
+    }
+}
+
+/// [`LOAD_BATCH`] slots of a walk: each slot's resolved key row (-1 for
+/// padding and past the walk's end), grad_signal and query row.
+struct Slots {
+    key: [i32; LOAD_BATCH],
+    gs: [f32; LOAD_BATCH],
+    row: [u32; LOAD_BATCH],
+}
+
+/// The next [`LOAD_BATCH`] slots of `walk`: every id and grad_signal load
+/// first (a slot past the end reads the walk's last slot and resolves to
+/// -1), then the ids narrowed (`I64`: the ids are i64, [`narrow_id`]) and
+/// resolved.
+///
+/// # Safety
+/// `p` validated by the host, `walk` over rows inside `B*S_q`, after
+/// stage 1 (the grad_signal in `attn_score`).
+#[inline(always)]
+unsafe fn next_slots<const I64: bool>(p: &GradParams, walk: &mut SlotWalk) -> Slots {
+    let last = walk.end - 1;
+    let mut raw = [0i64; LOAD_BATCH];
+    let mut gs = [0.0f32; LOAD_BATCH];
+    let mut row = [u32::MAX; LOAD_BATCH];
+    for j in 0..LOAD_BATCH {
+        let i = if walk.live() { walk.at } else { last };
+        // SAFETY: i < B*S_q*topk, the ids' (of the flag's width) and
+        // grad_signal's length.
+        unsafe {
+            raw[j] = if I64 {
+                *(p.topk_indices as *const i64).add(i)
+            } else {
+                *(p.topk_indices as *const i32).add(i) as i64
+            };
+            gs[j] = *(p.attn_score as *const f32).add(i);
+        }
+        if walk.live() {
+            row[j] = walk.row;
+        }
+        walk.advance();
+    }
+    let local = p.flags & FLAG_LOCAL_IDS != 0;
+    let key = core::array::from_fn(|j| {
+        if row[j] == u32::MAX {
+            return -1;
+        }
+        let id = if I64 {
+            narrow_id(raw[j])
+        } else {
+            raw[j] as i32
+        };
+        let b = if local { row[j] / p.seq_q } else { 0 };
+        resolve(id, b, p)
+    });
+    Slots { key, gs, row }
+}
+
 /// Each query row's factor (`row_bound`), and the largest slot
 /// bound of the call (`bound_max`: a maximum per CTA, then one integer
 /// maximum of the bits of non-negative f32). One CTA of [`DET_THREADS`]
@@ -102,7 +214,6 @@ unsafe fn row_factor(p: &DetParams, row: u32) -> f32 {
 /// zeroed before; `p.grad` validated by the host.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn det_bounds(p: DetParams) {
-    let g = &p.grad;
     let row = sreg::block_idx_x();
     let tid = sreg::thread_idx_x();
     // SAFETY: every thread of the CTA, one row.
@@ -111,26 +222,15 @@ pub unsafe extern "ptx-kernel" fn det_bounds(p: DetParams) {
         // SAFETY: row < B*S_q: inside row_bound.
         unsafe { *(p.row_bound as *mut f32).add(row as usize) = r };
     }
-    let b = row / g.seq_q;
-    let mut largest = 0u32;
-    let mut t = tid;
-    while t < g.topk {
-        let i = row as usize * g.topk as usize + t as usize;
-        // SAFETY: i < B*S_q*topk, the ids' and grad_signal's length.
-        let (key, gs) = unsafe {
-            (
-                resolve(load_id(g, i), b, g),
-                *(g.attn_score as *const f32).add(i),
-            )
-        };
-        if key >= 0 {
-            if let Some(bound) = slot_bound(gs, r) {
-                largest = largest.max(bound.to_bits());
-            }
+    // SAFETY: the kernel's contract; the flag is launch-uniform.
+    let largest = unsafe {
+        if ids_i64(&p.grad) {
+            largest_bound::<true>(&p.grad, row, r)
+        } else {
+            largest_bound::<false>(&p.grad, row, r)
         }
-        t += DET_THREADS;
-    }
-    // SAFETY: every thread (the loop above reconverged): the warps'
+    };
+    // SAFETY: every thread (the walk above reconverged): the warps'
     // maxima through shared memory (DET_SMEM: one word per warp, written
     // after `row_factor`'s reads behind a second barrier), then one
     // reduction into `bound_max`.
@@ -150,6 +250,29 @@ pub unsafe extern "ptx-kernel" fn det_bounds(p: DetParams) {
             global::red_max_u32(p.bound_max as *mut u32, m);
         }
     }
+}
+
+/// The f32 bits of the largest bound over this thread's valid slots of
+/// query row `row` (factor `r`), 0 where it has none.
+///
+/// # Safety
+/// As [`det_bounds`], from one of its threads.
+#[inline(always)]
+unsafe fn largest_bound<const I64: bool>(p: &GradParams, row: u32, r: f32) -> u32 {
+    let mut walk = SlotWalk::new(row, row + 1, p.topk, sreg::thread_idx_x(), DET_THREADS);
+    let mut largest = 0u32;
+    while walk.live() {
+        // SAFETY: the caller's contract; the walk covers row `row`.
+        let s = unsafe { next_slots::<I64>(p, &mut walk) };
+        for j in 0..LOAD_BATCH {
+            if s.key[j] >= 0 {
+                if let Some(bound) = slot_bound(s.gs[j], r) {
+                    largest = largest.max(bound.to_bits());
+                }
+            }
+        }
+    }
+    largest
 }
 
 /// Each key row's sum of its slots' bounds in units of
@@ -172,11 +295,9 @@ pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
     let tid = sreg::thread_idx_x();
     let keys = g.batch * g.seq_k;
     let windows = keys.div_ceil(p.window);
-    let (chunk, win) = (sreg::block_idx_x() / windows, sreg::block_idx_x() % windows);
+    let win = sreg::block_idx_x() % windows;
     let k0 = win * p.window;
     let width = p.window.min(keys - k0);
-    let r0 = chunk * p.rows;
-    let r1 = (r0 + p.rows).min(g.batch * g.seq_q);
     let (lo_bins, hi_bins) = (smem::base(), smem::base().add(4 * p.window));
     // SAFETY: 8 * window bytes of dynamic shared memory: the two bin
     // arrays; each thread zeroes its own words, the barrier orders them
@@ -190,34 +311,12 @@ pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
         }
         sync::bar_sync();
     }
-    // SAFETY: written by `det_bounds`.
-    let e = floor_exp(unsafe { *(p.bound_max as *const u32) });
-    for row in r0..r1 {
-        // SAFETY: row < B*S_q: written by `det_bounds`.
-        let r = unsafe { *(p.row_bound as *const f32).add(row as usize) };
-        let b = row / g.seq_q;
-        let mut t = tid;
-        while t < g.topk {
-            let i = row as usize * g.topk as usize + t as usize;
-            // SAFETY: i < B*S_q*topk, the ids' and grad_signal's length.
-            let (key, gs) = unsafe {
-                (
-                    resolve(load_id(g, i), b, g),
-                    *(g.attn_score as *const f32).add(i),
-                )
-            };
-            let local = key.wrapping_sub(k0 as i32) as u32;
-            if key >= 0 && local < width {
-                if let Some(bound) = slot_bound(gs, r) {
-                    let (lo, hi) = split_units(cvt::f64_to_u64_rpi(quant_units(bound, e)));
-                    // SAFETY: local < width: inside both bin arrays.
-                    unsafe {
-                        smem::red_add_u32(lo_bins.add(4 * local), lo);
-                        smem::red_add_u32(hi_bins.add(4 * local), hi);
-                    }
-                }
-            }
-            t += DET_KEY_SUM_THREADS;
+    // SAFETY: the kernel's contract; the flag is launch-uniform.
+    unsafe {
+        if ids_i64(g) {
+            bin_slots::<true>(&p, k0, width);
+        } else {
+            bin_slots::<false>(&p, k0, width);
         }
     }
     // SAFETY: the barrier (uniform control flow) orders every addition
@@ -235,6 +334,53 @@ pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
                 global::red_add_u64(sum, join_units(lo, hi));
             }
             k += DET_KEY_SUM_THREADS;
+        }
+    }
+}
+
+/// This thread's part of `det_key_sums`' binning: the slots of the CTA's
+/// query rows whose keys fall in `k0 .. k0 + width`, [`LOAD_BATCH`] at a
+/// time, each slot's quantized bound added to its key row's two bins.
+///
+/// # Safety
+/// As [`det_key_sums`], from one of its threads, after the bins are
+/// zeroed.
+#[inline(always)]
+unsafe fn bin_slots<const I64: bool>(p: &DetParams, k0: u32, width: u32) {
+    let g = &p.grad;
+    let keys = g.batch * g.seq_k;
+    let chunk = sreg::block_idx_x() / keys.div_ceil(p.window);
+    let r0 = chunk * p.rows;
+    let r1 = (r0 + p.rows).min(g.batch * g.seq_q);
+    let (lo_bins, hi_bins) = (smem::base(), smem::base().add(4 * p.window));
+    // SAFETY: written by `det_bounds`.
+    let e = floor_exp(unsafe { *(p.bound_max as *const u32) });
+    let row_bound = p.row_bound as *const f32;
+    let mut walk = SlotWalk::new(r0, r1, g.topk, sreg::thread_idx_x(), DET_KEY_SUM_THREADS);
+    while walk.live() {
+        // SAFETY: the caller's contract; the walk covers rows r0..r1.
+        let s = unsafe { next_slots::<I64>(g, &mut walk) };
+        let r: [f32; LOAD_BATCH] = core::array::from_fn(|j| {
+            if s.key[j] >= 0 {
+                // SAFETY: a valid slot's row < B*S_q: written by
+                // `det_bounds`.
+                unsafe { *row_bound.add(s.row[j] as usize) }
+            } else {
+                0.0
+            }
+        });
+        for j in 0..LOAD_BATCH {
+            let local = s.key[j].wrapping_sub(k0 as i32) as u32;
+            if s.key[j] >= 0 && local < width {
+                if let Some(bound) = slot_bound(s.gs[j], r[j]) {
+                    let (lo, hi) = split_units(cvt::f64_to_u64_rpi(quant_units(bound, e)));
+                    // SAFETY: local < width: inside both bin arrays.
+                    unsafe {
+                        smem::red_add_u32(lo_bins.add(4 * local), lo);
+                        smem::red_add_u32(hi_bins.add(4 * local), hi);
+                    }
+                }
+            }
         }
     }
 }
