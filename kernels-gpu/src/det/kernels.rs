@@ -9,6 +9,7 @@ use super::{join_units, slot_bound, special_bit, split_units, unpack_pair, ROUND
 use crate::abi::{DetParams, GradParams, DET_KEY_SUM_THREADS, DET_THREADS, FLAG_LOCAL_IDS};
 use crate::ptx::{arith, cvt, global, smem, sreg, sync};
 use crate::score::{ids_i64, narrow_id, resolve};
+use core::ops::Range;
 
 /// Loads a thread of `det_bounds` or `det_key_sums` issues before it
 /// uses any of them (head rows of `index_q`, slots): the passes do little
@@ -295,9 +296,11 @@ pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
     let tid = sreg::thread_idx_x();
     let keys = g.batch * g.seq_k;
     let windows = keys.div_ceil(p.window);
-    let win = sreg::block_idx_x() % windows;
+    let (chunk, win) = (sreg::block_idx_x() / windows, sreg::block_idx_x() % windows);
     let k0 = win * p.window;
     let width = p.window.min(keys - k0);
+    let r0 = chunk * p.rows;
+    let r1 = (r0 + p.rows).min(g.batch * g.seq_q);
     let (lo_bins, hi_bins) = (smem::base(), smem::base().add(4 * p.window));
     // SAFETY: 8 * window bytes of dynamic shared memory: the two bin
     // arrays; each thread zeroes its own words, the barrier orders them
@@ -314,9 +317,9 @@ pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
     // SAFETY: the kernel's contract; the flag is launch-uniform.
     unsafe {
         if ids_i64(g) {
-            bin_slots::<true>(&p, k0, width);
+            bin_slots::<true>(&p, r0..r1, k0, width);
         } else {
-            bin_slots::<false>(&p, k0, width);
+            bin_slots::<false>(&p, r0..r1, k0, width);
         }
     }
     // SAFETY: the barrier (uniform control flow) orders every addition
@@ -339,24 +342,27 @@ pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
 }
 
 /// This thread's part of `det_key_sums`' binning: the slots of the CTA's
-/// query rows whose keys fall in `k0 .. k0 + width`, [`LOAD_BATCH`] at a
-/// time, each slot's quantized bound added to its key row's two bins.
+/// query rows `rows` whose keys fall in `k0 .. k0 + width`,
+/// [`LOAD_BATCH`] at a time, each slot's quantized bound added to its key
+/// row's two bins.
 ///
 /// # Safety
-/// As [`det_key_sums`], from one of its threads, after the bins are
-/// zeroed.
+/// As [`det_key_sums`], from one of its threads, with its CTA's rows and
+/// window, after the bins are zeroed.
 #[inline(always)]
-unsafe fn bin_slots<const I64: bool>(p: &DetParams, k0: u32, width: u32) {
+unsafe fn bin_slots<const I64: bool>(p: &DetParams, rows: Range<u32>, k0: u32, width: u32) {
     let g = &p.grad;
-    let keys = g.batch * g.seq_k;
-    let chunk = sreg::block_idx_x() / keys.div_ceil(p.window);
-    let r0 = chunk * p.rows;
-    let r1 = (r0 + p.rows).min(g.batch * g.seq_q);
     let (lo_bins, hi_bins) = (smem::base(), smem::base().add(4 * p.window));
     // SAFETY: written by `det_bounds`.
     let e = floor_exp(unsafe { *(p.bound_max as *const u32) });
     let row_bound = p.row_bound as *const f32;
-    let mut walk = SlotWalk::new(r0, r1, g.topk, sreg::thread_idx_x(), DET_KEY_SUM_THREADS);
+    let mut walk = SlotWalk::new(
+        rows.start,
+        rows.end,
+        g.topk,
+        sreg::thread_idx_x(),
+        DET_KEY_SUM_THREADS,
+    );
     while walk.live() {
         // SAFETY: the caller's contract; the walk covers rows r0..r1.
         let s = unsafe { next_slots::<I64>(g, &mut walk) };
