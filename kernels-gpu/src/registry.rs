@@ -254,9 +254,9 @@ const fn k(
 /// Stage 1 of the two-launch paths (Hopper fast path, Blackwell path):
 /// score gradient for several rows per CTA with the zeroing of the f32 dK
 /// accumulator (D = 128) fused in. Three resident CTAs (at most 85
-/// registers; each thread keeps 16 scores in flight and in registers, which
-/// spilled under the 64 of four): it is bound by memory latency and
-/// bandwidth and wants many loads in flight.
+/// registers, enough for the 16 scores each thread keeps in flight and in
+/// registers; the 64 of four resident CTAs are not): it is bound by memory
+/// latency and bandwidth and wants many loads in flight.
 pub const STAGE1: Kernel = k(
     "indexer_score_grad_d128",
     Param::Grad,

@@ -191,8 +191,9 @@ unsafe fn rows<
     let mut dw = [[0.0f32; 2]; SMT];
 
     // Pipeline: chunk c's K rows are gathered while chunk c-1 is computed.
-    // Per chunk: prepare(c+1) | wait own copies | B1 | gather(c+1) | S, gate
-    // | B2 | dQ, dK | staging barriers B3, B4 | bulk reduce.
+    // Per chunk: prepare(c+1) | wait own copies | B1 (`Barrier::KRows`) |
+    // gather(c+1) | S, gate | B2 (`Ds`) | dQ, dK | staging, B3
+    // (`StagingFree`) and B4 (`DkStaged`) | bulk reduce.
     // Buffer reuse is safe: set/buffer (c+1)%2 was last read in chunk c-1,
     // before its B3, and is rewritten only after chunk c's B1.
     let nchunks = r.topk.div_ceil(CHUNK as usize);
@@ -208,7 +209,7 @@ unsafe fn rows<
         }
         cp_async::wait_all();
         // SAFETY: uniform barrier: chunk ch's K rows (and q) complete.
-        unsafe { sync::bar_sync() };
+        unsafe { barrier(Barrier::KRows) };
         if ch + 1 < nchunks {
             r.gather(nxt);
         }
@@ -232,6 +233,32 @@ unsafe fn rows<
     r.store_dq(&acc_q);
     // SAFETY: every thread of the CTA, uniform control flow.
     unsafe { r.store_dw(&dw) };
+}
+
+/// The CTA barriers of one chunk, in order (`barrier.sync 0`, all
+/// threads; docs/architecture.md names them B1 to B4).
+#[derive(Clone, Copy)]
+pub(super) enum Barrier {
+    /// B1: the chunk's K rows and slot data are complete; the other K
+    /// buffer and slot set may be refilled.
+    KRows,
+    /// B2: dS is complete in shared memory for the dQ and dK products.
+    Ds,
+    /// B3: the dK staging tile is free (each reducing thread waited for
+    /// its previous bulk reduction to finish reading it).
+    StagingFree,
+    /// B4: the chunk's dK rows are staged and fenced for the async proxy.
+    DkStaged,
+}
+
+/// Waits at barrier `_b` with every thread of the CTA.
+///
+/// # Safety
+/// Every thread of the CTA calls it, in uniform control flow.
+#[inline(always)]
+pub(super) unsafe fn barrier(_b: Barrier) {
+    // SAFETY: the caller's contract.
+    unsafe { sync::bar_sync() }
 }
 
 /// Head groups of the S warp tiling: 2 where each group still holds whole

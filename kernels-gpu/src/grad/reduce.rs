@@ -2,7 +2,7 @@
 //! d_weights partials), the dK staging and its bulk reductions into the
 //! f32 accumulator, and the row's d_index_q and d_weights stores.
 
-use super::{at, Row, SLOT_TILES};
+use super::{at, barrier, Barrier, Row, SLOT_TILES};
 use crate::abi::FLAG_DW_F32;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cvt, sync};
@@ -61,7 +61,7 @@ impl<
                     }
                 }
             }
-            sync::bar_sync();
+            barrier(Barrier::Ds);
         }
     }
 
@@ -82,7 +82,7 @@ impl<
         // SAFETY: uniform barrier; each thread then writes its own fragment
         // elements (distinct (slot, col) pairs) of the staging tile.
         unsafe {
-            sync::bar_sync();
+            barrier(Barrier::StagingFree);
             for (mt, acc) in kacc.iter().enumerate() {
                 for half in 0..2 {
                     let slot = mt as u32 * MMA_M + self.g + 8 * half as u32;
@@ -98,7 +98,7 @@ impl<
                 }
             }
             bulk::fence_proxy_async_shared();
-            sync::bar_sync();
+            barrier(Barrier::DkStaged);
         }
         if tid < CHUNK {
             // SAFETY: `srows` was written before a barrier; a valid row lies

@@ -31,8 +31,8 @@ pub fn grid_dim_x() -> u32 {
 /// `%ctaid.x`, read where the call is: an asm statement with side effects,
 /// so the compiler neither hoists it out of a loop nor merges it with
 /// another read, and the value need not stay in a register across the
-/// loop (an S2R per call instead). For kernels at their register cap: in
-/// the wgmma kernel a hoisted copy made ptxas spill 72 bytes.
+/// loop (an S2R per call instead). For kernels at their register cap,
+/// where a hoisted copy held across the loop makes ptxas spill.
 #[inline(always)]
 pub fn block_idx_x_here() -> u32 {
     let r: u32;

@@ -231,8 +231,7 @@ pub(super) fn gather<const PAIRED: bool, const HALF: u32>(c: &Ctx<'_, PAIRED, HA
     // SAFETY: row ids were written before a barrier; read only.
     let row = |v: u32| unsafe { smem::ld_u32(c.srows0.add(4 * (set * CHUNK + v / VECS))) as i32 };
     // All of this thread's key rows loaded before its first copy, so
-    // their latency is paid once, not in front of every copy. Measured
-    // on the H200: see CHANGELOG.md, performance history, 2026-11-30.
+    // their latency is paid once, not in front of every copy.
     // Shared K buffers (`SHARED_K`): half h copies the vectors of slots
     // `32 h .. 32 h + 32`.
     const SHARES: u32 = if SHARED_K { 2 } else { 1 };

@@ -85,12 +85,11 @@ pub(super) unsafe fn stage<const PAIRED: bool, const HALF: u32>(
 }
 
 /// Reduce, part 2: staged rows `lo..hi` (of each warp's eight) of the
-/// current staging; each call covers four rows. In the row kernel's SASS
-/// (Nsight Compute, 78a2a89) ptxas unrolls them, loads the four key rows
-/// first and then each staged row into the same four registers right
-/// before its reduction; loading all four staged rows first (16 more live
-/// registers) measured no faster (CHANGELOG.md, performance history,
-/// 2026-11-30).
+/// current staging; each call covers four rows. ptxas unrolls them,
+/// loads the four key rows first and then each staged row into the same
+/// four registers right before its reduction, so the staged rows cost no
+/// extra live registers (loading all four first takes 16 more; the
+/// CHANGELOG's performance history has the measurement).
 ///
 /// `fused`: `Some(h)` when the item's dK of both rows was computed as one
 /// product by half h (paired kernel, every slot the same key row in both

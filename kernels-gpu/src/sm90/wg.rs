@@ -64,9 +64,9 @@
 //! `#[rustc_force_inline]`, inlined by rustc in MIR, where the MIR passes
 //! see one body as before; the loads, the reductions and the gate's inputs
 //! (closures of that body before) are plain functions that LLVM inlines.
-//! With `#[inline(always)]` instead (inlined later, by LLVM) the same code
-//! compiled to 110-112 registers in the row kernel (108 now) and made
-//! ptxas spill 16-48 bytes in the paired kernel at its 128-register cap.
+//! Inlined later instead, by LLVM (`#[inline(always)]`), the same code
+//! takes more registers, and the paired kernel, at its 128-register cap,
+//! spills.
 
 use super::ctx::{Bar, Ctx, HEAD_HALVES};
 use super::gate::{gate, wait_s_and_inputs};
