@@ -3,8 +3,11 @@
 //! and checks every output against the CPU reference (SPEC's tolerances).
 //!
 //! ```text
-//! compute-sanitizer --tool synccheck --error-exitcode 1 indexer-sanitize [--list]
+//! compute-sanitizer --tool synccheck --error-exitcode 1 indexer-sanitize [--list] [WORD...]
 //! ```
+//!
+//! With words, only the cases whose names contain one of them run (the
+//! forward's under the word `forward`).
 //!
 //! `bash run.sh --sanitize` in the GPU bundle runs it under memcheck,
 //! racecheck, synccheck and initcheck. The cases are sized to take seconds
@@ -199,6 +202,16 @@ fn cases() -> Vec<Case> {
             wide: false,
         },
         Case {
+            // Rows of three stage-1 passes (topk > 2048), the bound passes
+            // over several batches of slots per thread.
+            name: "deterministic: stage1 of three passes + bounds, wgmma row twin H=64 D=64",
+            shape: shape(1, 5, 700, 64, 64, 4200),
+            opts: det(opts(Global, Probs, F32, F32)),
+            gen: gen(Padding::NegOne, true),
+            paired: false,
+            wide: true,
+        },
+        Case {
             name: "deterministic: wgmma row twin H=16 D=64",
             shape: shape(2, 17, 300, 16, 64, 520),
             opts: det(opts(Local, Probs, F32, F32)),
@@ -243,7 +256,11 @@ fn cases() -> Vec<Case> {
 }
 
 fn main() {
-    let cases = cases();
+    // `indexer-sanitize [--list] [WORD...]`: with words, only the cases
+    // whose names contain one of them.
+    let words: Vec<String> = std::env::args().skip(1).filter(|a| a != "--list").collect();
+    let keep = |name: &str| words.is_empty() || words.iter().any(|w| name.contains(w.as_str()));
+    let cases: Vec<Case> = cases().into_iter().filter(|c| keep(c.name)).collect();
     if std::env::args().any(|a| a == "--list") {
         for c in &cases {
             println!("{}", c.name);
@@ -292,7 +309,10 @@ fn main() {
             e.d_index_k
         );
     }
-    let dense = dense_cases();
+    let dense: Vec<_> = dense_cases()
+        .into_iter()
+        .filter(|(name, _)| keep(name))
+        .collect();
     for (i, (name, p)) in dense.iter().enumerate() {
         let plan = dense::Plan::new(&ctx, p.shape.clone(), p.opts).expect("dense plan");
         assert!(plan.on_gpu(), "{name}: the dense GPU path");
@@ -311,7 +331,11 @@ fn main() {
             e.d_index_k
         );
     }
-    let fwd = forward_cases(&ctx);
+    let fwd = if keep("forward") {
+        forward_cases(&ctx)
+    } else {
+        0
+    };
     println!(
         "indexer-sanitize: {} cases ok",
         cases.len() + dense.len() + fwd
