@@ -10,14 +10,16 @@
 
 mod common;
 
+use dsa_indexer_bwd::cudarc::driver::CudaContext;
 use dsa_indexer_bwd::{dense, Error, GradDtype, KeyIds, Options, Plan, Shape};
 use indexer_tests::{
     compare_with_reference, gpu, run_gpu, same_bits, DeviceProblem, Gen, GpuOut, Padding, Problem,
     Values, GRID_FLOORS,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rand::SeedableRng;
+use std::sync::Arc;
 
 /// Whether two runs wrote the same bits into every output.
 fn same_outputs(a: &GpuOut, b: &GpuOut) -> Result<(), String> {
@@ -67,12 +69,58 @@ fn cases() -> impl Strategy<Value = (Shape, Options, u64, bool, bool)> {
     (shape, opts, any::<u64>(), any::<bool>(), any::<bool>())
 }
 
-/// 96 random cases; each runs the GPU four times (padding by -1, again,
-/// out-of-range padding, i64 ids) and checks every run against the
-/// reference (SPEC tolerances and the 2x-of-f32 bound) and all four runs
-/// bit for bit against each other. Half the cases with an even number of
-/// rows pair their rows up (the paired kernel's twin, shared keys reduced
-/// once).
+/// Runs random case `(shape, opts, seed, dups, paired)` four times on the
+/// GPU (padding by -1, again, out-of-range padding, i64 ids) and checks
+/// the first run against the reference (SPEC tolerances and the 2x-of-f32
+/// bound) and all four runs bit for bit against each other. `dups` lets
+/// rows repeat ids; `paired` pairs the rows up where their number is even
+/// (the paired kernel's twin, shared keys reduced once).
+fn check_case(
+    ctx: &Arc<CudaContext>,
+    (shape, opts, seed, dups, paired): (Shape, Options, u64, bool, bool),
+) -> Result<(), TestCaseError> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let gen = Gen {
+        values: Values::Grid,
+        padding: Padding::NegOne,
+        short_rows: 0.3,
+        trailing: seed % 2 == 0,
+        duplicates: dups,
+        masked: 0.05,
+    };
+    let mut p = Problem::random(&mut rng, shape, opts, gen);
+    if paired && shape.rows() % 2 == 0 {
+        p.pair_rows(&mut rng, 1.0, 2);
+    }
+    p.repad(&mut rng, Padding::NegOne);
+    let a = run_gpu(ctx, &p);
+    let e = compare_with_reference(&p, &a, GRID_FLOORS);
+    prop_assert!(e.is_ok(), "{shape:?}: {}", e.unwrap_err());
+    let again = run_gpu(ctx, &p);
+    prop_assert!(
+        same_outputs(&a, &again).is_ok(),
+        "rerun: {:?}",
+        same_outputs(&a, &again)
+    );
+    p.repad(&mut rng, Padding::OutOfRange);
+    let b = run_gpu(ctx, &p);
+    prop_assert!(
+        same_outputs(&a, &b).is_ok(),
+        "padding: {:?}",
+        same_outputs(&a, &b)
+    );
+    p.widen_ids(&mut rng);
+    let c = run_gpu(ctx, &p);
+    prop_assert!(
+        same_outputs(&a, &c).is_ok(),
+        "i64 ids: {:?}",
+        same_outputs(&a, &c)
+    );
+    Ok(())
+}
+
+/// 96 random cases of [`cases`], each checked by [`check_case`]; half the
+/// cases with an even number of rows pair their rows up.
 #[test]
 fn gpu_deterministic_matches_reference_and_itself_on_random_problems() {
     let Some(ctx) = gpu("gpu_deterministic_matches_reference_and_itself_on_random_problems") else {
@@ -83,55 +131,13 @@ fn gpu_deterministic_matches_reference_and_itself_on_random_problems() {
         failure_persistence: None,
         ..Config::default()
     });
-    runner
-        .run(&cases(), |(shape, opts, seed, dups, paired)| {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let gen = Gen {
-                values: Values::Grid,
-                padding: Padding::NegOne,
-                short_rows: 0.3,
-                trailing: seed % 2 == 0,
-                duplicates: dups,
-                masked: 0.05,
-            };
-            let mut p = Problem::random(&mut rng, shape, opts, gen);
-            if paired && shape.rows() % 2 == 0 {
-                p.pair_rows(&mut rng, 1.0, 2);
-            }
-            p.repad(&mut rng, Padding::NegOne);
-            let a = run_gpu(&ctx, &p);
-            let e = compare_with_reference(&p, &a, GRID_FLOORS);
-            prop_assert!(e.is_ok(), "{}", e.unwrap_err());
-            let again = run_gpu(&ctx, &p);
-            prop_assert!(
-                same_outputs(&a, &again).is_ok(),
-                "rerun: {:?}",
-                same_outputs(&a, &again)
-            );
-            p.repad(&mut rng, Padding::OutOfRange);
-            let b = run_gpu(&ctx, &p);
-            prop_assert!(
-                same_outputs(&a, &b).is_ok(),
-                "padding: {:?}",
-                same_outputs(&a, &b)
-            );
-            p.widen_ids(&mut rng);
-            let c = run_gpu(&ctx, &p);
-            prop_assert!(
-                same_outputs(&a, &c).is_ok(),
-                "i64 ids: {:?}",
-                same_outputs(&a, &c)
-            );
-            Ok(())
-        })
-        .unwrap();
+    runner.run(&cases(), |c| check_case(&ctx, c)).unwrap();
 }
 
 /// Rows longer than stage 1 holds in registers (topk > 2048: stage 1
 /// reads a row's scores in two or three passes, and the bound passes walk
 /// its slots in several batches per thread): 12 random cases over the
-/// envelope, each checked against the reference, rerun bit for bit, and
-/// run again with out-of-range padding.
+/// envelope with repeated ids, each checked by [`check_case`].
 #[test]
 fn gpu_deterministic_long_rows_match_reference_and_itself() {
     let Some(ctx) = gpu("gpu_deterministic_long_rows_match_reference_and_itself") else {
@@ -150,37 +156,8 @@ fn gpu_deterministic_long_rows_match_reference_and_itself() {
         2049..=6200,
     );
     let opts = common::options(vec![1.0f32, 0.37, -0.5], true);
-    runner
-        .run(&(shape, opts, any::<u64>()), |(shape, opts, seed)| {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let gen = Gen {
-                values: Values::Grid,
-                padding: Padding::NegOne,
-                short_rows: 0.3,
-                trailing: seed % 2 == 0,
-                duplicates: true,
-                masked: 0.05,
-            };
-            let mut p = Problem::random(&mut rng, shape, opts, gen);
-            let a = run_gpu(&ctx, &p);
-            let e = compare_with_reference(&p, &a, GRID_FLOORS);
-            prop_assert!(e.is_ok(), "{shape:?}: {}", e.unwrap_err());
-            let again = run_gpu(&ctx, &p);
-            prop_assert!(
-                same_outputs(&a, &again).is_ok(),
-                "rerun: {:?}",
-                same_outputs(&a, &again)
-            );
-            p.repad(&mut rng, Padding::OutOfRange);
-            let b = run_gpu(&ctx, &p);
-            prop_assert!(
-                same_outputs(&a, &b).is_ok(),
-                "padding: {:?}",
-                same_outputs(&a, &b)
-            );
-            Ok(())
-        })
-        .unwrap();
+    let long = (shape, opts, any::<u64>(), Just(true), Just(false));
+    runner.run(&long, |c| check_case(&ctx, c)).unwrap();
 }
 
 /// One problem where many rows select the same keys (so the scatter's
