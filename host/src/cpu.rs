@@ -367,20 +367,182 @@ struct Ctx<'a, T> {
     x: &'a HostInputs<'a>,
     clip: T,
     c: T,
-    scale: T,
-    /// Per key row of the flat `(B*S_k, D)` view: holds a NaN or an
-    /// infinity (so a closed gate still reaches dQ through `0 * k`).
-    k_bad: Vec<bool>,
+    /// The keys of the flat `(B*S_k, D)` view, for stage 2.
+    keys: Keys<'a, T>,
 }
 
-/// One query row's outputs: grad_signal, d_index_q, d_weights (f64), and
-/// the per-slot dK partials `sum_h dS[h,t] q[h,:]` (`topk * D`, in `T`).
+/// What the stage-2 math of every query row reads: the key rows, which of
+/// them hold a NaN or an infinity (so a closed gate still reaches dQ
+/// through `0 * k`), and `sm_scale`. Shared by the sparse and the dense
+/// paths ([`crate::dense::cpu`]), which differ only in which key row each
+/// slot names and in stage 1.
+pub(crate) struct Keys<'a, T> {
+    index_k: &'a [bf16],
+    bad: Vec<bool>,
+    scale: T,
+    dim: usize,
+}
+
+/// Per-worker scratch of [`Keys::row`]: one head row of q and its dQ sum
+/// (`D` each).
+pub(crate) struct HeadScratch<T> {
+    qt: Vec<T>,
+    dq: Vec<T>,
+}
+
+impl<T: Real> HeadScratch<T> {
+    pub(crate) fn new(dim: usize) -> HeadScratch<T> {
+        HeadScratch {
+            qt: vec![T::default(); dim],
+            dq: vec![T::default(); dim],
+        }
+    }
+}
+
+/// One query row's stage-2 outputs: d_index_q `(H, D)` and d_weights
+/// `(H)` in f64, and the per-slot dK partials `sum_h dS[h,t] q[h,:]`
+/// (`slots x D`, in `T`, unscaled).
+pub(crate) struct RowGrads<'o, T> {
+    pub(crate) dq: &'o mut [f64],
+    pub(crate) dw: &'o mut [f64],
+    pub(crate) dk: &'o mut [T],
+}
+
+impl<'a, T: Real> Keys<'a, T> {
+    /// The `key_rows` rows of `D = dim` of `index_k`, flagged.
+    pub(crate) fn new(
+        index_k: &'a [bf16],
+        key_rows: usize,
+        dim: usize,
+        sm_scale: f32,
+    ) -> Result<Keys<'a, T>> {
+        let mut bad = try_vec(key_rows, false, "index_k row flags")?;
+        for (flag, kr) in bad.iter_mut().zip(index_k.chunks_exact(dim)) {
+            *flag = kr.iter().any(|v| !v.to_f32().is_finite());
+        }
+        Ok(Keys {
+            index_k,
+            bad,
+            scale: T::of32(sm_scale),
+            dim,
+        })
+    }
+
+    /// Stage 2 of one query row (the module docs' operations): `q` its
+    /// `(H, D)`, `w` its `(H)`, `gsig` its grad_signal per slot, `key(t)`
+    /// the key row of slot `t` (`None` for padding, which contributes
+    /// nothing). Writes all of `o`.
+    // Index loops mirror the math (several arrays share the index d).
+    #[allow(clippy::needless_range_loop)]
+    pub(crate) fn row(
+        &self,
+        q: &[bf16],
+        w: &[bf16],
+        gsig: &[T],
+        key: impl Fn(usize) -> Option<usize>,
+        sc: &mut HeadScratch<T>,
+        o: RowGrads<'_, T>,
+    ) {
+        let d_n = self.dim;
+        let zero = T::default();
+        o.dk.iter_mut().for_each(|v| *v = zero);
+        for (h, wh) in w.iter().enumerate() {
+            let qh = &q[h * d_n..(h + 1) * d_n];
+            // A non-finite q element reaches dK through `0 * q` even where
+            // every gate of the head is closed (the kernels' dS^T q product
+            // spans all heads).
+            let mut q_bad = false;
+            for (t, v) in sc.qt.iter_mut().zip(qh) {
+                let f = v.to_f32();
+                q_bad |= !f.is_finite();
+                *t = T::of32(f);
+            }
+            let wh = T::of32(wh.to_f32());
+            let mut dw = zero;
+            sc.dq.iter_mut().for_each(|v| *v = zero);
+            for (t, &gs) in gsig.iter().enumerate() {
+                let Some(n) = key(t) else { continue };
+                let kn = &self.index_k[n * d_n..(n + 1) * d_n];
+                let mut dot = zero;
+                for d in 0..d_n {
+                    dot += sc.qt[d] * T::of32(kn[d].to_f32());
+                }
+                let sv = self.scale * dot;
+                // The gate: false for a NaN S.
+                let open = sv > zero;
+                let ds = if open {
+                    dw += gs * sv;
+                    (gs * wh).round_ds()
+                } else {
+                    zero
+                };
+                // Closed gates add exact zeros, skipped unless a non-finite
+                // factor turns `0 * x` into NaN (as in the kernels' products).
+                if open || self.bad[n] {
+                    for d in 0..d_n {
+                        sc.dq[d] += ds * T::of32(kn[d].to_f32());
+                    }
+                }
+                if open || q_bad {
+                    let v = &mut o.dk[t * d_n..(t + 1) * d_n];
+                    for d in 0..d_n {
+                        v[d] += ds * sc.qt[d];
+                    }
+                }
+            }
+            o.dw[h] = dw.f64();
+            for d in 0..d_n {
+                o.dq[h * d_n + d] = (self.scale * sc.dq[d]).f64();
+            }
+        }
+    }
+
+    /// Adds one slot's dK partial `part` (`D`, unscaled), times `sm_scale`,
+    /// into key row `n` of the f64 `d_index_k`.
+    pub(crate) fn add(&self, part: &[T], n: usize, d_index_k: &mut [f64]) {
+        let d_n = self.dim;
+        for (a, &v) in d_index_k[n * d_n..(n + 1) * d_n].iter_mut().zip(part) {
+            *a += (self.scale * v).f64();
+        }
+    }
+}
+
+/// Runs `f` over `items` on up to `threads` worker threads, one item at a
+/// time from a shared queue (items of unequal cost balance over threads),
+/// each worker with its own scratch from `scratch`. Which worker takes an
+/// item changes nothing an item computes.
+pub(crate) fn run_queue<I: Send, S>(
+    items: Vec<I>,
+    threads: usize,
+    scratch: impl Fn() -> S + Sync,
+    f: impl Fn(I, &mut S) + Sync,
+) {
+    let workers = threads.min(items.len()).max(1);
+    let queue = std::sync::Mutex::new(items.into_iter());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut sc = scratch();
+                    loop {
+                        let next = queue.lock().expect("row queue").next();
+                        let Some(item) = next else { break };
+                        f(item, &mut sc);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("CPU worker panicked");
+        }
+    });
+}
+
+/// One query row's outputs: grad_signal (f64) and its stage-2 outputs.
 struct RowOut<'a, T> {
     row: usize,
     gs: &'a mut [f64],
-    dq: &'a mut [f64],
-    dw: &'a mut [f64],
-    dk: &'a mut [T],
+    grads: RowGrads<'a, T>,
 }
 
 /// Per-worker scratch.
@@ -389,12 +551,9 @@ struct Scratch<T> {
     p: Vec<T>,
     gsig: Vec<T>,
     k_rows: Vec<Option<usize>>,
-    qt: Vec<T>,
-    dq: Vec<T>,
+    heads: HeadScratch<T>,
 }
 
-// Index loops mirror the math (several arrays share the slot index t).
-#[allow(clippy::needless_range_loop)]
 fn compute_row<T: Real>(ctx: &Ctx<T>, o: RowOut<T>, sc: &mut Scratch<T>) {
     let (shape, opts, x) = (ctx.shape, ctx.opts, ctx.x);
     let (h_n, d_n, topk) = (shape.heads, shape.head_dim, shape.topk);
@@ -420,57 +579,15 @@ fn compute_row<T: Real>(ctx: &Ctx<T>, o: RowOut<T>, sc: &mut Scratch<T>) {
         sc.k_rows[t] = opts.resolve(shape, b, x.topk_indices[base + t]);
     }
     // Stage 2.
-    o.dk.iter_mut().for_each(|v| *v = zero);
-    let q = &x.index_q[row * h_n * d_n..(row + 1) * h_n * d_n];
-    for h in 0..h_n {
-        let qh = &q[h * d_n..(h + 1) * d_n];
-        // A non-finite q element reaches dK through `0 * q` even where
-        // every gate of the head is closed (the kernels' dS^T q product
-        // spans all heads).
-        let mut q_bad = false;
-        for (t, v) in sc.qt.iter_mut().zip(qh) {
-            let f = v.to_f32();
-            q_bad |= !f.is_finite();
-            *t = T::of32(f);
-        }
-        let wh = T::of32(x.weights[row * h_n + h].to_f32());
-        let mut dw = zero;
-        sc.dq.iter_mut().for_each(|v| *v = zero);
-        for t in 0..topk {
-            let Some(n) = sc.k_rows[t] else { continue };
-            let kn = &x.index_k[n * d_n..(n + 1) * d_n];
-            let mut dot = zero;
-            for d in 0..d_n {
-                dot += sc.qt[d] * T::of32(kn[d].to_f32());
-            }
-            let sv = ctx.scale * dot;
-            // The gate: false for a NaN S.
-            let open = sv > zero;
-            let ds = if open {
-                dw += sc.gsig[t] * sv;
-                (sc.gsig[t] * wh).round_ds()
-            } else {
-                zero
-            };
-            // Closed gates add exact zeros, skipped unless a non-finite
-            // factor turns `0 * x` into NaN (as in the kernels' products).
-            if open || ctx.k_bad[n] {
-                for d in 0..d_n {
-                    sc.dq[d] += ds * T::of32(kn[d].to_f32());
-                }
-            }
-            if open || q_bad {
-                let v = &mut o.dk[t * d_n..(t + 1) * d_n];
-                for d in 0..d_n {
-                    v[d] += ds * sc.qt[d];
-                }
-            }
-        }
-        o.dw[h] = dw.f64();
-        for d in 0..d_n {
-            o.dq[h * d_n + d] = (ctx.scale * sc.dq[d]).f64();
-        }
-    }
+    let k_rows = &sc.k_rows;
+    ctx.keys.row(
+        &x.index_q[row * h_n * d_n..(row + 1) * h_n * d_n],
+        &x.weights[row * h_n..(row + 1) * h_n],
+        &sc.gsig,
+        |t| k_rows[t],
+        &mut sc.heads,
+        o.grads,
+    );
 }
 
 /// The whole backward in `T`, in blocks of query rows: the rows of a block
@@ -492,18 +609,13 @@ fn compute<T: Real>(
     let mut d_index_q = try_vec(shape.q_len(), 0.0f64, "d_index_q")?;
     let mut d_weights = try_vec(shape.w_len(), 0.0f64, "d_weights")?;
     let mut d_index_k = try_vec(shape.k_len(), 0.0f64, "d_index_k")?;
-    let mut k_bad = try_vec(shape.batch * shape.seq_k, false, "index_k row flags")?;
-    for (flag, kr) in k_bad.iter_mut().zip(x.index_k.chunks_exact(d_n)) {
-        *flag = kr.iter().any(|v| !v.to_f32().is_finite());
-    }
     let ctx = Ctx {
         shape,
         opts,
         x,
         clip: T::of((-100.0f64).exp()),
         c: T::of(x.loss_coeff as f64 / rows as f64) * T::of32(x.grad_loss),
-        scale: T::of32(opts.sm_scale),
-        k_bad,
+        keys: Keys::new(x.index_k, shape.batch * shape.seq_k, d_n, opts.sm_scale)?,
     };
     let threads = tune.threads.clamp(1, rows);
     let row_bytes = (topk * d_n * std::mem::size_of::<T>()).max(1);
@@ -523,39 +635,21 @@ fn compute<T: Real>(
             .map(|(i, (((gs, dq), dw), dk))| RowOut {
                 row: r0 + i,
                 gs,
-                dq,
-                dw,
-                dk,
+                grads: RowGrads { dq, dw, dk },
             })
             .collect();
-        let queue = std::sync::Mutex::new(items.into_iter());
-        let workers = threads.min(r1 - r0);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut sc = Scratch {
-                            g: vec![zero; topk],
-                            p: vec![zero; topk],
-                            gsig: vec![zero; topk],
-                            k_rows: vec![None; topk],
-                            qt: vec![zero; d_n],
-                            dq: vec![zero; d_n],
-                        };
-                        loop {
-                            // One row at a time from a shared queue, so
-                            // rows of unequal cost balance over threads.
-                            let next = queue.lock().expect("row queue").next();
-                            let Some(o) = next else { break };
-                            compute_row(&ctx, o, &mut sc);
-                        }
-                    })
-                })
-                .collect();
-            for h in handles {
-                h.join().expect("reference worker panicked");
-            }
-        });
+        run_queue(
+            items,
+            threads,
+            || Scratch {
+                g: vec![zero; topk],
+                p: vec![zero; topk],
+                gsig: vec![zero; topk],
+                k_rows: vec![None; topk],
+                heads: HeadScratch::new(d_n),
+            },
+            |o, sc| compute_row(&ctx, o, sc),
+        );
         // Scatter the block's dK partials: fixed order, one thread.
         for (i, row) in (r0..r1).enumerate() {
             let b = row / shape.seq_q;
@@ -564,10 +658,7 @@ fn compute<T: Real>(
                     continue;
                 };
                 let part = &block_dk[(i * topk + t) * d_n..(i * topk + t + 1) * d_n];
-                let acc = &mut d_index_k[n * d_n..(n + 1) * d_n];
-                for (a, &v) in acc.iter_mut().zip(part) {
-                    *a += (ctx.scale * v).f64();
-                }
+                ctx.keys.add(part, n, &mut d_index_k);
             }
         }
         progress(Progress {

@@ -30,7 +30,8 @@
 //! thread).
 
 use super::shape::Shape;
-use crate::cpu::{try_vec, F32Bf16Ds, Grads, HostGrad, Progress, Real, Tuning};
+use crate::cpu::{run_queue, try_vec, F32Bf16Ds, Grads, HostGrad, Progress, Real, Tuning};
+use crate::cpu::{HeadScratch, Keys, RowGrads};
 use crate::error::{Error, Result};
 use crate::shape::{check_finite, Options};
 use half::bf16;
@@ -181,20 +182,16 @@ struct Ctx<'a, T> {
     cols: usize,
     clip: T,
     c: T,
-    scale: T,
-    /// Per key row: holds a NaN or an infinity.
-    k_bad: Vec<bool>,
+    /// The key rows, for stage 2.
+    keys: Keys<'a, T>,
 }
 
-/// One query row's outputs: grad_signal (`cols`), d_index_q, d_weights
-/// (f64), and the per-column dK partials `sum_h dS[h,j] q[h,:]` of its
-/// visible columns (`L * D`, in `T`).
+/// One query row's outputs: grad_signal (`cols`, f64) and its stage-2
+/// outputs, the dK partials of its visible columns (`L * D`).
 struct RowOut<'a, T> {
     row: usize,
     gs: &'a mut [f64],
-    dq: &'a mut [f64],
-    dw: &'a mut [f64],
-    dk: &'a mut [T],
+    grads: RowGrads<'a, T>,
 }
 
 /// Per-worker scratch (`cols` or `D` long).
@@ -202,8 +199,7 @@ struct Scratch<T> {
     g: Vec<T>,
     p: Vec<T>,
     gsig: Vec<T>,
-    qt: Vec<T>,
-    dq: Vec<T>,
+    heads: HeadScratch<T>,
 }
 
 /// Stage 1 of one row over its `l` visible columns into `sc.gsig`.
@@ -229,12 +225,9 @@ fn score_grad<T: Real>(ctx: &Ctx<T>, row: usize, l: usize, sc: &mut Scratch<T>) 
     }
 }
 
-// Index loops mirror the math (several arrays share the column index j).
-#[allow(clippy::needless_range_loop)]
 fn compute_row<T: Real>(ctx: &Ctx<T>, o: RowOut<T>, sc: &mut Scratch<T>) {
     let (shape, x) = (ctx.shape, ctx.x);
     let (h_n, d_n) = (shape.heads, shape.head_dim);
-    let zero = T::default();
     let row = o.row;
     let at = shape.row(row);
     let l = at.visible;
@@ -242,50 +235,15 @@ fn compute_row<T: Real>(ctx: &Ctx<T>, o: RowOut<T>, sc: &mut Scratch<T>) {
     for (j, v) in o.gs.iter_mut().enumerate() {
         *v = if j < l { sc.gsig[j].f64() } else { 0.0 };
     }
-    o.dk.iter_mut().for_each(|v| *v = zero);
-    let q = &x.index_q[row * h_n * d_n..(row + 1) * h_n * d_n];
-    for h in 0..h_n {
-        let mut q_bad = false;
-        for (t, v) in sc.qt.iter_mut().zip(&q[h * d_n..(h + 1) * d_n]) {
-            let f = v.to_f32();
-            q_bad |= !f.is_finite();
-            *t = T::of32(f);
-        }
-        let wh = T::of32(x.weights[row * h_n + h].to_f32());
-        let mut dw = zero;
-        sc.dq.iter_mut().for_each(|v| *v = zero);
-        for j in 0..l {
-            let n = at.key_start + j;
-            let kn = &x.index_k[n * d_n..(n + 1) * d_n];
-            let mut dot = zero;
-            for d in 0..d_n {
-                dot += sc.qt[d] * T::of32(kn[d].to_f32());
-            }
-            let sv = ctx.scale * dot;
-            let open = sv > zero;
-            let ds = if open {
-                dw += sc.gsig[j] * sv;
-                (sc.gsig[j] * wh).round_ds()
-            } else {
-                zero
-            };
-            if open || ctx.k_bad[n] {
-                for d in 0..d_n {
-                    sc.dq[d] += ds * T::of32(kn[d].to_f32());
-                }
-            }
-            if open || q_bad {
-                let v = &mut o.dk[j * d_n..(j + 1) * d_n];
-                for d in 0..d_n {
-                    v[d] += ds * sc.qt[d];
-                }
-            }
-        }
-        o.dw[h] = dw.f64();
-        for d in 0..d_n {
-            o.dq[h * d_n + d] = (ctx.scale * sc.dq[d]).f64();
-        }
-    }
+    // Stage 2: column j is key row key_start + j, no padding.
+    ctx.keys.row(
+        &x.index_q[row * h_n * d_n..(row + 1) * h_n * d_n],
+        &x.weights[row * h_n..(row + 1) * h_n],
+        &sc.gsig[..l],
+        |j| Some(at.key_start + j),
+        &mut sc.heads,
+        o.grads,
+    );
 }
 
 /// Blocks of consecutive rows `(r0, r1, partial elements)`: each holds at
@@ -333,18 +291,13 @@ fn compute<T: Real>(
     let mut d_index_q = try_vec(shape.q_len(), 0.0f64, "d_index_q")?;
     let mut d_weights = try_vec(shape.w_len(), 0.0f64, "d_weights")?;
     let mut d_index_k = try_vec(shape.k_len(), 0.0f64, "d_index_k")?;
-    let mut k_bad = try_vec(shape.key_rows(), false, "index_k row flags")?;
-    for (flag, kr) in k_bad.iter_mut().zip(x.index_k.chunks_exact(d_n)) {
-        *flag = kr.iter().any(|v| !v.to_f32().is_finite());
-    }
     let ctx = Ctx {
         shape,
         x,
         cols,
         clip: T::of((-100.0f64).exp()),
         c: T::of(x.loss_coeff as f64 / rows as f64) * T::of32(x.grad_loss),
-        scale: T::of32(opts.sm_scale),
-        k_bad,
+        keys: Keys::new(x.index_k, shape.key_rows(), d_n, opts.sm_scale)?,
     };
     let threads = tune.threads.clamp(1, rows);
     let elem = std::mem::size_of::<T>();
@@ -366,12 +319,21 @@ fn compute<T: Real>(
             items.push(RowOut {
                 row: r0 + i,
                 gs,
-                dq,
-                dw,
-                dk,
+                grads: RowGrads { dq, dw, dk },
             });
         }
-        run_rows(&ctx, items, threads, cols);
+        let zero = T::default();
+        run_queue(
+            items,
+            threads,
+            || Scratch {
+                g: vec![zero; cols],
+                p: vec![zero; cols],
+                gsig: vec![zero; cols],
+                heads: HeadScratch::new(d_n),
+            },
+            |o, sc| compute_row(&ctx, o, sc),
+        );
         scatter(&ctx, &block_dk, r0, r1, &mut d_index_k);
         progress(Progress {
             rows_done: r1,
@@ -387,38 +349,6 @@ fn compute<T: Real>(
     })
 }
 
-/// Computes `items` on up to `threads` workers, one row at a time from a
-/// shared queue (rows of unequal cost balance over threads).
-fn run_rows<T: Real>(ctx: &Ctx<T>, items: Vec<RowOut<T>>, threads: usize, cols: usize) {
-    let workers = threads.min(items.len()).max(1);
-    let d_n = ctx.shape.head_dim;
-    let zero = T::default();
-    let queue = std::sync::Mutex::new(items.into_iter());
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut sc = Scratch {
-                        g: vec![zero; cols],
-                        p: vec![zero; cols],
-                        gsig: vec![zero; cols],
-                        qt: vec![zero; d_n],
-                        dq: vec![zero; d_n],
-                    };
-                    loop {
-                        let next = queue.lock().expect("row queue").next();
-                        let Some(o) = next else { break };
-                        compute_row(ctx, o, &mut sc);
-                    }
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("dense reference worker panicked");
-        }
-    });
-}
-
 /// Adds the dK partials of rows `r0..r1` (back to back in `part`) into
 /// `d_index_k`, in row and column order.
 fn scatter<T: Real>(ctx: &Ctx<T>, part: &[T], r0: usize, r1: usize, d_index_k: &mut [f64]) {
@@ -427,12 +357,9 @@ fn scatter<T: Real>(ctx: &Ctx<T>, part: &[T], r0: usize, r1: usize, d_index_k: &
     for row in r0..r1 {
         let info = ctx.shape.row(row);
         for j in 0..info.visible {
-            let n = info.key_start + j;
-            let src = &part[at..at + d_n];
+            ctx.keys
+                .add(&part[at..at + d_n], info.key_start + j, d_index_k);
             at += d_n;
-            for (a, &v) in d_index_k[n * d_n..(n + 1) * d_n].iter_mut().zip(src) {
-                *a += (ctx.scale * v).f64();
-            }
         }
     }
 }
