@@ -595,6 +595,21 @@ pub const FWD_WG: [Kernel; 8] = [
     fwd_wg("indexer_fwd_wg_h128_d128"),
 ];
 
+/// The wgmma forward kernels on a persistent grid (sm_90a), in the order
+/// of [`FWD_WG`]: the same walk, each CTA taking rows in turn and issuing
+/// a row's prologue loads before the previous row's end
+/// (`forward::persistent` says where a plan takes them).
+pub const FWD_WG_PERSIST: [Kernel; 8] = [
+    fwd_wg("indexer_fwd_wg_persist_h16_d64"),
+    fwd_wg("indexer_fwd_wg_persist_h16_d128"),
+    fwd_wg("indexer_fwd_wg_persist_h32_d64"),
+    fwd_wg("indexer_fwd_wg_persist_h32_d128"),
+    fwd_wg("indexer_fwd_wg_persist_h64_d64"),
+    fwd_wg("indexer_fwd_wg_persist_h64_d128"),
+    fwd_wg("indexer_fwd_wg_persist_h128_d64"),
+    fwd_wg("indexer_fwd_wg_persist_h128_d128"),
+];
+
 /// The portable forward kernels (every PTX file), in the order of
 /// [`FWD_WG`].
 pub const FWD_ROWS: [Kernel; 8] = [
@@ -608,16 +623,31 @@ pub const FWD_ROWS: [Kernel; 8] = [
     fwd_rows("indexer_fwd_rows_h128_d128"),
 ];
 
-/// The forward kernel for `heads` x `dim` (`wgmma`: the sm_90a one, else
-/// the portable one), or `None` outside the envelope.
-pub const fn fwd_kernel(heads: u32, dim: u32, wgmma: bool) -> Option<Kernel> {
+/// Which of the forward kernels of a shape a plan launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FwdKind {
+    /// The portable kernel ([`FWD_ROWS`]), every target.
+    Portable,
+    /// The wgmma kernel, one CTA per row ([`FWD_WG`]).
+    Wgmma,
+    /// The wgmma kernel on a persistent grid ([`FWD_WG_PERSIST`]).
+    Persistent,
+}
+
+/// The forward kernel for `heads` x `dim` of `kind`, or `None` outside
+/// the envelope.
+pub const fn fwd_kernel(heads: u32, dim: u32, kind: FwdKind) -> Option<Kernel> {
     let mut i = 0;
     while i < SUPPORTED_HEADS.len() {
         let mut j = 0;
         while j < SUPPORTED_DIMS.len() {
             if SUPPORTED_HEADS[i] == heads && SUPPORTED_DIMS[j] == dim {
                 let at = i * SUPPORTED_DIMS.len() + j;
-                return Some(if wgmma { FWD_WG[at] } else { FWD_ROWS[at] });
+                return Some(match kind {
+                    FwdKind::Portable => FWD_ROWS[at],
+                    FwdKind::Wgmma => FWD_WG[at],
+                    FwdKind::Persistent => FWD_WG_PERSIST[at],
+                });
             }
             j += 1;
         }
@@ -766,7 +796,7 @@ pub const WATCHDOG_PROBE: Kernel = Kernel {
 };
 
 /// Every kernel.
-pub const KERNELS: [Kernel; 71] = [
+pub const KERNELS: [Kernel; 79] = [
     STAGE1,
     STAGE1_D64,
     CAST,
@@ -817,6 +847,14 @@ pub const KERNELS: [Kernel; 71] = [
     FWD_WG[5],
     FWD_WG[6],
     FWD_WG[7],
+    FWD_WG_PERSIST[0],
+    FWD_WG_PERSIST[1],
+    FWD_WG_PERSIST[2],
+    FWD_WG_PERSIST[3],
+    FWD_WG_PERSIST[4],
+    FWD_WG_PERSIST[5],
+    FWD_WG_PERSIST[6],
+    FWD_WG_PERSIST[7],
     FWD_ROWS[0],
     FWD_ROWS[1],
     FWD_ROWS[2],
@@ -905,16 +943,20 @@ mod tests {
     fn every_supported_shape_has_forward_kernels() {
         for h in SUPPORTED_HEADS {
             for d in SUPPORTED_DIMS {
-                let wg = fwd_kernel(h, d, true).expect("supported shape");
-                let rows = fwd_kernel(h, d, false).expect("supported shape");
+                let wg = fwd_kernel(h, d, FwdKind::Wgmma).expect("supported shape");
+                let pe = fwd_kernel(h, d, FwdKind::Persistent).expect("supported shape");
+                let rows = fwd_kernel(h, d, FwdKind::Portable).expect("supported shape");
                 assert_eq!(wg.name, std::format!("indexer_fwd_wg_h{h}_d{d}"));
+                assert_eq!(pe.name, std::format!("indexer_fwd_wg_persist_h{h}_d{d}"));
                 assert_eq!(rows.name, std::format!("indexer_fwd_rows_h{h}_d{d}"));
-                assert!(wg.in_ptx(Target::Sm90a) && !wg.in_ptx(Target::Sm90));
+                for k in [wg, pe] {
+                    assert!(k.in_ptx(Target::Sm90a) && !k.in_ptx(Target::Sm90));
+                    assert_eq!(k.threads, FWD_THREADS);
+                }
                 assert!(rows.in_ptx(Target::Sm90) && rows.in_ptx(Target::Sm100f));
-                assert_eq!(wg.threads, FWD_THREADS);
             }
         }
-        assert!(fwd_kernel(48, 128, true).is_none());
+        assert!(fwd_kernel(48, 128, FwdKind::Wgmma).is_none());
     }
 
     #[test]

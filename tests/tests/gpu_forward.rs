@@ -157,7 +157,18 @@ fn cases(
     seq_k: std::ops::RangeInclusive<usize>,
     topk: std::ops::RangeInclusive<usize>,
 ) -> impl Strategy<Value = Case> {
-    let shape = common::shapes(vec![16, 32, 64, 128], vec![64, 128], seq_q, seq_k, topk);
+    cases_of(vec![16, 32, 64, 128], vec![64, 128], seq_q, seq_k, topk)
+}
+
+/// [`cases`] of the given heads and head dimensions.
+fn cases_of(
+    heads: Vec<usize>,
+    dims: Vec<usize>,
+    seq_q: std::ops::RangeInclusive<usize>,
+    seq_k: std::ops::RangeInclusive<usize>,
+    topk: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = Case> {
+    let shape = common::shapes(heads, dims, seq_q, seq_k, topk);
     (
         shape,
         prop::sample::select(vec![0.088f32, 0.125, 0.05, 0.3, 0.0, -0.1]),
@@ -233,6 +244,20 @@ fn gpu_forward_on_long_rows_matches_reference() {
         "gpu_forward_long_rows",
         16,
         cases(1..=4, 2048..=4096, 1000..=3000),
+    );
+}
+
+/// The persistent wgmma kernel (`kernels_gpu::forward::persistent`: rows
+/// of at most 256 slots, `H * D >= 4096`) on more rows than its grid holds
+/// CTAs (about 530 of H = 64, D = 128 on an H100 or H200): each CTA walks
+/// several rows, loading the next row's q tile, weights and first ids
+/// before the row before it ends.
+#[test]
+fn gpu_forward_rows_past_the_persistent_grid_match_reference() {
+    run_cases(
+        "gpu_forward_many_rows",
+        12,
+        cases_of(vec![64, 128], vec![64, 128], 1100..=1500, 1..=300, 1..=256),
     );
 }
 
@@ -345,6 +370,7 @@ fn gpu_dense_forward_matches_reference() {
                 .with_q_offset(vec![20, 0, -5]),
         );
     }
+
     let mut n = 0;
     for s in shapes {
         let (rows, h, d) = (s.rows(), s.heads, s.head_dim);

@@ -496,7 +496,7 @@ pub fn assemble(
 /// Dynamic shared memory the host requests at launch (ptxas only sees the
 /// static part), from the constants the host uses; "-" where none.
 fn dynamic_smem(kernel: &str) -> String {
-    use kernels_gpu::registry::{self, Param, SUPPORTED_DIMS, SUPPORTED_HEADS};
+    use kernels_gpu::registry::{self, FwdKind, Param, SUPPORTED_DIMS, SUPPORTED_HEADS};
     let Some(k) = registry::find(kernel) else {
         return "-".into();
     };
@@ -549,9 +549,10 @@ fn dynamic_smem(kernel: &str) -> String {
                 .into_iter()
                 .flat_map(|h| SUPPORTED_DIMS.map(|d| (h, d)))
                 .find_map(|(h, d)| {
-                    if registry::fwd_kernel(h, d, true) == Some(*k) {
+                    let is = |kind| registry::fwd_kernel(h, d, kind) == Some(*k);
+                    if is(FwdKind::Wgmma) || is(FwdKind::Persistent) {
                         Some(kernels_gpu::forward::smem(h, d).bytes)
-                    } else if registry::fwd_kernel(h, d, false) == Some(*k) {
+                    } else if is(FwdKind::Portable) {
                         Some(kernels_gpu::forward::rows_smem(h, d).bytes)
                     } else {
                         None

@@ -15,7 +15,9 @@ use cudarc::driver::{
 };
 use half::bf16;
 use kernels_gpu::abi::{FwdParams, FLAG_FWD_DENSE, FLAG_IDS_I64, FLAG_LOCAL_IDS, FLAG_LOG_SCORE};
-use kernels_gpu::forward::{rows_smem, smem, supports, THREADS};
+use kernels_gpu::forward::{persistent, rows_smem, smem, supports, THREADS};
+use kernels_gpu::registry::FwdKind;
+use kernels_gpu::sched::persistent_grid;
 use std::sync::Arc;
 
 /// Device inputs of [`Plan::execute`]; `I` (`i32` or `i64`) is inferred
@@ -99,17 +101,37 @@ struct Launch {
     function: CudaFunction,
     name: &'static str,
     smem: u32,
+    /// The persistent wgmma kernel's SMs and CTAs that reside on one at
+    /// once (its grid: `kernels_gpu::sched::persistent_grid`); `None` for
+    /// the kernels of one CTA per row.
+    resident: Option<(u32, u32)>,
     module: Arc<crate::modules::Loaded>,
 }
 
 impl Launch {
-    /// The forward kernel for `heads` x `dim` on `ctx`'s GPU.
-    fn new(ctx: &Arc<CudaContext>, heads: usize, dim: usize, kernel: Kernel) -> Result<Launch> {
+    /// The forward kernel for `heads` x `dim` on `ctx`'s GPU; `sparse_cols`
+    /// the slots of a sparse row (`None` in dense mode), which with the
+    /// shape picks the persistent wgmma kernel
+    /// (`kernels_gpu::forward::persistent`).
+    fn new(
+        ctx: &Arc<CudaContext>,
+        heads: usize,
+        dim: usize,
+        kernel: Kernel,
+        sparse_cols: Option<usize>,
+    ) -> Result<Launch> {
         let (major, minor) = ctx.compute_capability()?;
         let which = PtxModule::for_capability(major, minor)?;
         let wgmma = which.has_wgmma() && kernel == Kernel::Auto;
         let (h, d) = (heads as u32, dim as u32);
-        let k = kernels_gpu::registry::fwd_kernel(h, d, wgmma).ok_or(Error::Shape {
+        let kind = match sparse_cols {
+            _ if !wgmma => FwdKind::Portable,
+            Some(cols) if persistent(h, d, u32::try_from(cols).unwrap_or(u32::MAX)) => {
+                FwdKind::Persistent
+            }
+            _ => FwdKind::Wgmma,
+        };
+        let k = kernels_gpu::registry::fwd_kernel(h, d, kind).ok_or(Error::Shape {
             name: "heads",
             value: heads,
             expected: "one of 16, 32, 64, 128 with head_dim 64 or 128",
@@ -120,11 +142,25 @@ impl Launch {
             rows_smem(h, d).bytes
         };
         let module = crate::modules::get(ctx, which)?;
+        let function = module.kernel_with_smem(k.name, bytes)?;
+        let resident = if kind == FwdKind::Persistent {
+            let sms =
+                ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            let per_sm = function.occupancy_max_active_blocks_per_multiprocessor(
+                THREADS,
+                bytes as usize,
+                None,
+            )?;
+            Some((sms.max(0) as u32, per_sm))
+        } else {
+            None
+        };
         Ok(Launch {
             ctx: ctx.clone(),
-            function: module.kernel_with_smem(k.name, bytes)?,
+            function,
             name: k.name,
             smem: bytes,
+            resident,
             module,
         })
     }
@@ -159,9 +195,14 @@ impl Launch {
     /// # Safety
     /// `p`'s addresses passed the checks for the plan's shape.
     unsafe fn launch(&self, stream: &CudaStream, p: &FwdParams) -> Result<()> {
-        // SAFETY: the caller's contract; one CTA of THREADS per row with
-        // the layout's shared memory is the kernels' launch shape.
-        unsafe { gpu::launch(stream, &self.function, p.rows, THREADS, self.smem, p) }
+        let grid = match self.resident {
+            Some((sms, per_sm)) => persistent_grid(p.rows, sms, per_sm).max(1),
+            None => p.rows,
+        };
+        // SAFETY: the caller's contract; CTAs of THREADS with the layout's
+        // shared memory, one per row (the portable kernel) or at most one
+        // per row (the wgmma kernel walks rows `blockIdx.x + k gridDim.x`).
+        unsafe { gpu::launch(stream, &self.function, grid, THREADS, self.smem, p) }
     }
 
     /// Queues the kernel on the raw stream `stream`.
@@ -192,7 +233,13 @@ impl Plan {
     pub fn new(ctx: &Arc<CudaContext>, shape: Shape, opts: Options) -> Result<Plan> {
         validate_shape(&shape)?;
         opts.validate()?;
-        let launch = Launch::new(ctx, shape.heads, shape.head_dim, opts.kernel)?;
+        let launch = Launch::new(
+            ctx,
+            shape.heads,
+            shape.head_dim,
+            opts.kernel,
+            Some(shape.topk),
+        )?;
         Ok(Plan {
             shape,
             opts,
@@ -353,7 +400,7 @@ impl DensePlan {
                 expected: "<= 2^31 - 1 query and key rows, score_cols >= 1",
             });
         }
-        let launch = Launch::new(ctx, shape.heads, shape.head_dim, opts.kernel)?;
+        let launch = Launch::new(ctx, shape.heads, shape.head_dim, opts.kernel, None)?;
         let mut visible = crate::cpu::try_vec(rows, 0u32, "dense visible counts")?;
         let mut key_start = crate::cpu::try_vec(rows, 0u32, "dense key starts")?;
         for r in 0..rows {

@@ -50,15 +50,14 @@ pub(super) struct Row<'a> {
 }
 
 impl<'a> Row<'a> {
-    /// The context of this CTA's row for head dimension `d` on the layout
+    /// The context of query row `row` for head dimension `d` on the layout
     /// `l`.
     ///
     /// # Safety
-    /// The forward's launch contract: one CTA per row (`grid = p.rows`),
-    /// dense mode's `visible` and `key_start` valid for `p.rows` u32.
+    /// `row < p.rows`; dense mode's `visible` and `key_start` valid for
+    /// `p.rows` u32 (the forward's launch contract).
     #[inline(always)]
-    pub unsafe fn new(p: &'a FwdParams, d: u32, l: FwdSmem) -> Row<'a> {
-        let row = sreg::block_idx_x();
+    pub unsafe fn new(p: &'a FwdParams, row: u32, d: u32, l: FwdSmem) -> Row<'a> {
         let (n, key_start) = if p.flags & FLAG_FWD_DENSE != 0 {
             // SAFETY: the launch contract (one u32 per row each).
             unsafe {
@@ -294,6 +293,38 @@ pub(super) unsafe fn load_weights(r: &Row<'_>, h: u32) {
     if r.tid < h {
         // SAFETY: inside the row's weights.
         let w = unsafe { *(r.p.weights as *const u16).add((r.row * h + r.tid) as usize) };
+        // SAFETY: this thread's word of the weights region (h f32).
+        unsafe { sh::st_f32(r.base.add(r.l.w + 4 * r.tid), cvt::bf16_to_f32(w)) };
+    }
+}
+
+/// [`load_weights`] in two steps: this thread's weight of the row (head
+/// `t` for thread `t < h`, as bf16 bits; 0 for the other threads), loaded
+/// into a register so that its latency can pass before [`store_weight`]
+/// needs it.
+///
+/// # Safety
+/// The launch contract.
+#[cfg_attr(not(kernels_arch = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub(super) unsafe fn fetch_weight(r: &Row<'_>, h: u32) -> u16 {
+    if r.tid < h {
+        // SAFETY: inside the row's weights.
+        unsafe { *(r.p.weights as *const u16).add((r.row * h + r.tid) as usize) }
+    } else {
+        0
+    }
+}
+
+/// Stores this thread's weight `w` (from [`fetch_weight`] of the same row)
+/// into the weights region as f32.
+///
+/// # Safety
+/// Nothing reads the region between the last barrier and the next.
+#[cfg_attr(not(kernels_arch = "sm_90a"), allow(dead_code))]
+#[inline(always)]
+pub(super) unsafe fn store_weight(r: &Row<'_>, h: u32, w: u16) {
+    if r.tid < h {
         // SAFETY: this thread's word of the weights region (h f32).
         unsafe { sh::st_f32(r.base.add(r.l.w + 4 * r.tid), cvt::bf16_to_f32(w)) };
     }

@@ -4,8 +4,9 @@
 //! dense mode's raw logits over each row's visible keys with their
 //! log-sum-exp. The math is `docs/spec.md`, "Forward".
 //!
-//! Two kernels compute it, one CTA of [`THREADS`] threads per query row,
-//! walking the row's slots in chunks of [`CHUNK`]:
+//! Two kernels compute it, CTAs of [`THREADS`] threads, each walking a
+//! query row's slots in chunks of [`CHUNK`] (the portable kernel one row
+//! per CTA; the persistent wgmma kernel rows in turn, [`persistent`]):
 //! - the wgmma kernel (sm_90a, `wg`): K rows gathered by `cp.async` into
 //!   128-byte-swizzled shared memory one chunk ahead of use ([`DIST`]),
 //!   [`CTAS_PER_SM`] rows per SM, one
@@ -59,6 +60,24 @@ pub const DIST: u32 = 1;
 /// Resident CTAs per SM the wgmma kernels are built for (launch bounds:
 /// at least this many), every shape.
 pub const CTAS_PER_SM: u32 = crate::registry::FWD_WG_CTAS;
+/// Sparse rows of at most this many slots, of shapes with at least
+/// [`PERSISTENT_MIN_QROW`] elements of q per row, run the wgmma kernel on a
+/// persistent grid ([`persistent`]): there a row spends much of its time
+/// in the latency of its prologue loads (the q tile above all), which a
+/// persistent CTA issues before the previous row's end. Longer rows, and
+/// dense rows (of unequal lengths), run one CTA per row, handed out by the
+/// hardware as CTAs finish; so do small q tiles, whose loads are short.
+pub const PERSISTENT_MAX_COLS: u32 = 4 * CHUNK;
+/// See [`PERSISTENT_MAX_COLS`]: `H * D` of the smallest q tile that takes
+/// the persistent grid.
+pub const PERSISTENT_MIN_QROW: u32 = 4096;
+
+/// Whether a sparse plan of `heads` x `dim` and `cols` slots per row takes
+/// the persistent wgmma kernel (`registry::FwdKind::Persistent`).
+pub const fn persistent(heads: u32, dim: u32, cols: u32) -> bool {
+    cols <= PERSISTENT_MAX_COLS && heads * dim >= PERSISTENT_MIN_QROW
+}
+
 /// K buffers of the wgmma kernel: the chunk being multiplied and the
 /// [`DIST`] in flight (a chunk's gather starts after the barrier that
 /// follows the last product on its buffer).
@@ -245,9 +264,16 @@ const _: () = {
     let mut k = 0;
     while k < crate::registry::FWD_WG.len() {
         let (a, b) = (crate::registry::FWD_WG[k], crate::registry::FWD_ROWS[k]);
-        assert!(a.threads == THREADS && b.threads == THREADS);
+        let c = crate::registry::FWD_WG_PERSIST[k];
+        assert!(a.threads == THREADS && b.threads == THREADS && c.threads == THREADS);
         assert!(matches!(
             a.bounds,
+            crate::registry::Bounds::Exact {
+                min_ctas: CTAS_PER_SM
+            }
+        ));
+        assert!(matches!(
+            c.bounds,
             crate::registry::Bounds::Exact {
                 min_ctas: CTAS_PER_SM
             }
@@ -559,6 +585,17 @@ pub fn exp_fast(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_rows_of_large_q_tiles_take_the_persistent_grid() {
+        assert!(persistent(64, 128, 128));
+        assert!(persistent(64, 128, PERSISTENT_MAX_COLS));
+        assert!(!persistent(64, 128, PERSISTENT_MAX_COLS + 1));
+        assert!(persistent(32, 128, 200) && persistent(64, 64, 1));
+        assert!(persistent(128, 64, 256) && persistent(128, 128, 100));
+        assert!(!persistent(16, 64, 128) && !persistent(16, 128, 128));
+        assert!(!persistent(32, 64, 128));
+    }
     use crate::score::expf;
     use std::vec::Vec;
 

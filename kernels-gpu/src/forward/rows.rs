@@ -17,7 +17,7 @@ use super::softmax::{rewrite, row_lse};
 use super::{exp_fast, head_term, pieces, rows_smem, Lse, CHUNK, PAD_MARK, THREADS};
 use crate::abi::FwdParams;
 use crate::ptx::smem::{self as sh, SmemAddr};
-use crate::ptx::{cvt, global, sync};
+use crate::ptx::{cvt, global, sreg, sync};
 
 use super::rows_stride_words as stride_words;
 // Each thread takes one slot of one head half.
@@ -35,12 +35,13 @@ fn pair(w: u32) -> (f32, f32) {
 /// The kernel body for `H` heads and head dimension `D`.
 ///
 /// # Safety
-/// As `super::wg::forward`, with `super::rows_smem(H, D).bytes` of dynamic
-/// shared memory.
+/// Launched with `super::THREADS` threads, one CTA per row (grid =
+/// `p.rows`), `super::rows_smem(H, D).bytes` of dynamic shared memory, and
+/// a `FwdParams` whose pointers and sizes the host validated.
 #[inline(always)]
 pub(super) unsafe fn forward_rows<const H: u32, const D: u32>(p: &FwdParams) {
     // SAFETY: the launch contract.
-    let r = unsafe { Row::new(p, D, rows_smem(H, D)) };
+    let r = unsafe { Row::new(p, sreg::block_idx_x(), D, rows_smem(H, D)) };
     let q = r.base.add(r.l.q);
     let kb = r.base.add(r.l.k);
     // The q tile (H x D bf16, unpadded: a warp reads one word at a time)

@@ -1,5 +1,6 @@
-//! The wgmma forward kernel's body (sm_90a): one CTA of one warpgroup per
-//! query row, walking the row's chunks with [`DIST`] gathers in flight
+//! The wgmma forward kernels' bodies (sm_90a): CTAs of one warpgroup, one
+//! per query row ([`forward`]) or taking rows in turn ([`persistent`]),
+//! walking a row's chunks with [`DIST`] gathers in flight
 //! ([`super::STAGES`], [`IDS_AHEAD`] and [`super::KEY_SETS`] below follow
 //! from it).
 //!
@@ -28,14 +29,17 @@
 //! branch around a collective (the product, the quad sums, the barriers)
 //! is on a CTA-uniform value.
 
-use super::load::{copy_ids, copy_q, gather, load_weights, resolve, Row};
+use super::load::{
+    copy_ids, copy_q, fetch_weight, gather, load_weights, resolve, store_weight, Row,
+};
 use super::mma::{logits, my_slots, product, scaled, weights, Tile};
 use super::softmax::{rewrite, row_lse};
 use super::{exp_fast, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK};
 use crate::abi::FwdParams;
-use crate::ptx::{bulk, cp_async, smem as sh, sync};
+use crate::ptx::{bulk, cp_async, smem as sh, sreg, sync};
+use crate::sched::row_at;
 
-/// The kernel body for the shape `T`.
+/// The kernel body for the shape `T`, one CTA per row (`blockIdx.x`).
 ///
 /// # Safety
 /// Launched with `super::THREADS` threads, one CTA per row (`p.rows`),
@@ -44,10 +48,9 @@ use crate::ptx::{bulk, cp_async, smem as sh, sync};
 #[inline(always)]
 pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
     // SAFETY: the launch contract.
-    let r = unsafe { Row::new(p, T::D, T::L) };
-    let n = r.chunks();
+    let r = unsafe { Row::new(p, sreg::block_idx_x(), T::D, T::L) };
     // Prologue: the q tile, the weights and the ids of the first
-    // `IDS_AHEAD` chunks; chunk 0 resolved; all behind one barrier.
+    // `IDS_AHEAD` chunks, all behind the walk's first wait and barrier.
     // SAFETY: nothing read yet.
     unsafe {
         copy_q(&r, T::H);
@@ -59,17 +62,132 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
         }
     }
     cp_async::commit_group();
+    // SAFETY: the prologue's group and the weights issued, nothing else.
+    let lse = unsafe { walk::<T>(&r) };
+    // SAFETY: every thread, uniform control flow.
+    unsafe {
+        let v = row_lse(&r, lse);
+        rewrite(&r, v);
+    }
+}
+
+/// The kernel body for the shape `T` on a persistent grid: a CTA takes
+/// rows `blockIdx.x, blockIdx.x + gridDim.x, ...` (`crate::sched::row_at`;
+/// any grid, the host's is `crate::sched::persistent_grid` of the CTAs
+/// that reside at once). A row's prologue loads (q tile, weights, the ids
+/// of its first [`IDS_AHEAD`] chunks) are issued before the previous
+/// row's end, so their latency passes while that row's normalisers merge
+/// and its slots are rewritten.
+///
+/// # Safety
+/// Launched with `super::THREADS` threads, `T::L.bytes` of dynamic shared
+/// memory, and a `FwdParams` whose pointers and sizes the host validated
+/// for `T`.
+#[inline(always)]
+pub(super) unsafe fn persistent<T: Tile>(p: &FwdParams) {
+    let (ctas, cta) = (sreg::grid_dim_x(), sreg::block_idx_x());
+    let mut k = 0;
+    let mut row = row_at(ctas, cta, k);
+    if row >= p.rows {
+        return;
+    }
+    // SAFETY: row < p.rows; nothing read yet.
+    unsafe {
+        let r = here(Row::new(p, row, T::D, T::L));
+        let w = fetch_weight(&r, T::H);
+        prologue(&r, T::H);
+        store_weight(&r, T::H, w);
+    }
+    // `row` is CTA-uniform: every branch on it is.
+    while row < p.rows {
+        // SAFETY: row < p.rows.
+        let r = unsafe { here(Row::new(p, row, T::D, T::L)) };
+        // SAFETY: the row's prologue loads were issued (above, or by the
+        // previous row's end), and nothing else is in flight.
+        let lse = unsafe { walk::<T>(&r) };
+        k += 1;
+        let next = row_at(ctas, cta, k);
+        // Every thread's last product (the q tile's and the K buffers'
+        // readers) and its stores from the key sets are done before any
+        // thread loads the next row over them.
+        // SAFETY: uniform control flow, every thread.
+        unsafe { sync::bar_sync() };
+        // SAFETY: next < p.rows; the q tile, the id sets and the weights
+        // region are free (the barrier above; each thread's id words were
+        // last read by its own resolves).
+        let ahead = (next < p.rows).then(|| unsafe {
+            let n = here(Row::new(p, next, T::D, T::L));
+            let w = fetch_weight(&n, T::H);
+            prologue(&n, T::H);
+            (n, w)
+        });
+        // SAFETY: every thread, uniform control flow; the row end uses
+        // only the `lse` region and global memory.
+        unsafe {
+            let v = row_lse(&r, lse);
+            rewrite(&r, v);
+        }
+        if let Some((n, w)) = ahead {
+            // SAFETY: nothing reads the weights region before the next
+            // walk's first barrier.
+            unsafe { store_weight(&n, T::H, w) };
+        }
+        row = next;
+    }
+}
+
+/// `r` with the thread index read where the row's context is made: what
+/// a row derives from it is not hoisted out of the row loop and held in
+/// registers across rows.
+#[inline(always)]
+fn here(r: Row<'_>) -> Row<'_> {
+    Row {
+        tid: sreg::thread_idx_x_here(),
+        ..r
+    }
+}
+
+/// Issues, as one `cp.async` group, the row's q tile and the ids of its
+/// first [`IDS_AHEAD`] chunks (the persistent kernel's; its weights go
+/// apart, [`fetch_weight`] and [`store_weight`]).
+///
+/// # Safety
+/// The launch contract; the q tile and this thread's words of the id sets
+/// are not read again before the row's walk.
+#[inline(always)]
+unsafe fn prologue(r: &Row<'_>, h: u32) {
+    // SAFETY: forwarded.
+    unsafe {
+        copy_q(r, h);
+        let mut c = 0;
+        while c < IDS_AHEAD {
+            copy_ids(r, c);
+            c += 1;
+        }
+    }
+    cp_async::commit_group();
+}
+
+/// One row's walk over its chunks after its [`prologue`]: returns this
+/// thread's running normaliser of the row's logits.
+///
+/// # Safety
+/// Every thread, uniform control flow; the row's prologue group and its
+/// weights store issued, no other copy in flight.
+#[inline(always)]
+unsafe fn walk<T: Tile>(r: &Row<'_>) -> Lse {
+    let n = r.chunks();
     cp_async::wait_all();
     // SAFETY: this thread's ids of chunk 0 are complete (waited).
-    let any = unsafe { resolve(&r, 0) };
+    let any = unsafe { resolve(r, 0) };
     // SAFETY: uniform control flow, every thread.
     let first = unsafe { sync::bar_red_popc(any) };
     // SAFETY: the weights region is behind the barrier.
-    let (w, ok) = unsafe { weights::<T>(&r) };
+    let (w, ok) = unsafe { weights::<T>(r) };
     // The scaled head sum where every thread's weights allow it.
     // SAFETY: uniform control flow, every thread.
     let fast = unsafe { sync::bar_red_popc(!ok) } == 0;
-    let w = if fast { scaled(w, p.sm_scale) } else { w };
+    let w = if fast { scaled(w, r.p.sm_scale) } else { w };
 
     let mut lse = Lse::EMPTY;
     // Bit `c % 8`: chunk c holds a valid slot (set at its resolution).
@@ -80,7 +198,7 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
         // SAFETY: chunk it + 1's ids were copied by this thread in the
         // group of iteration it + 1 - IDS_AHEAD = it - DIST (or the
         // prologue's), complete after the wait above.
-        let any = unsafe { resolve(&r, it + 1) };
+        let any = unsafe { resolve(r, it + 1) };
         // cp.async writes are generic-proxy writes; wgmma reads through
         // the async proxy.
         bulk::fence_proxy_async_shared();
@@ -97,8 +215,8 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
             // written before the barrier of iteration it - 1 (or the
             // prologue's).
             unsafe {
-                gather(&r, it);
-                copy_ids(&r, it + IDS_AHEAD);
+                gather(r, it);
+                copy_ids(r, it + IDS_AHEAD);
             }
         }
         cp_async::commit_group();
@@ -106,15 +224,11 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
             let c = it - DIST;
             // SAFETY: whole warpgroup, `live` CTA-uniform; chunk c's K
             // rows and the q tile complete, fenced, behind the barrier.
-            unsafe { chunk::<T>(&r, c, live & (1 << (c % 8)) != 0, &w, fast, &mut lse) };
+            unsafe { chunk::<T>(r, c, live & (1 << (c % 8)) != 0, &w, fast, &mut lse) };
         }
         it += 1;
     }
-    // SAFETY: every thread, uniform control flow.
-    unsafe {
-        let v = row_lse(&r, lse);
-        rewrite(&r, v);
-    }
+    lse
 }
 
 /// Chunk `c`: its product and its slots' logits when `live` (some slot

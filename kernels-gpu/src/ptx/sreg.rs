@@ -42,6 +42,18 @@ pub fn block_idx_x_here() -> u32 {
     r
 }
 
+/// `%tid.x`, read where the call is (as [`block_idx_x_here`]): what a
+/// loop derives from it is computed in each iteration instead of being
+/// hoisted and held in registers across the loop.
+#[inline(always)]
+pub fn thread_idx_x_here() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register; no memory is touched. Not `pure`
+    // on purpose (see above).
+    unsafe { core::arch::asm!("mov.u32 {r}, %tid.x;", r = out(reg32) r, options(nomem, nostack)) }
+    r
+}
+
 /// `%globaltimer`: nanoseconds of a global clock (coarse-grained updates;
 /// for timeouts, not for timing kernels).
 #[inline(always)]

@@ -349,8 +349,16 @@ fn forward_cases(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> usize {
     use dsa_indexer_bwd::forward::{self, cpu, Kernel};
     let stream = ctx.default_stream();
     let mut n = 0;
-    for kernel in [Kernel::Auto, Kernel::Portable] {
-        let s = shape(2, 9, 90, 32, 128, 150);
+    // The wgmma kernel of one CTA per row (topk 300), the portable one,
+    // then the persistent wgmma kernel (topk 150, H * D = 4096) on more
+    // rows than its grid holds CTAs (each CTA walks several rows, loading
+    // the next row's while one ends).
+    for (kernel, seq_q, topk) in [
+        (Kernel::Auto, 9, 300),
+        (Kernel::Portable, 9, 150),
+        (Kernel::Auto, 1300, 150),
+    ] {
+        let s = shape(2, seq_q, 90, 32, 128, topk);
         let bopts = opts(
             KeyIds::Local,
             ScoreKind::LogProbs,
