@@ -704,7 +704,7 @@ pub fn benchmark_page(
         s,
         "The sparse backward's whole `execute` on {gpu}, microseconds (CUDA events, \
          median of the run's repetitions after warm-up), on the workloads of \
-         [spec.md](spec.md#performance-workload); the run's JSON lines are \
+         [spec.md](spec.md#benchmark-workloads); the run's JSON lines are \
          [`{source}`]({json}). Speed against another implementation is \
          only ever a ratio from one run on identical tensors: \
          [gpu-runs.md](gpu-runs.md) has those runs.\n"
