@@ -585,6 +585,8 @@ pub fn exp_fast(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::score::expf;
+    use std::vec::Vec;
 
     #[test]
     fn short_rows_of_large_q_tiles_take_the_persistent_grid() {
@@ -596,8 +598,6 @@ mod tests {
         assert!(!persistent(16, 64, 128) && !persistent(16, 128, 128));
         assert!(!persistent(32, 64, 128));
     }
-    use crate::score::expf;
-    use std::vec::Vec;
 
     #[test]
     fn lnf_is_within_two_ulp_of_std() {
