@@ -54,9 +54,9 @@ def read(paths):
                 key = point_key(line)
                 if key is None:
                     continue
-                runs, _ = out.setdefault(key, ([None] * len(paths), line.get("kernel")))
+                runs, kernel = out.get(key, ([None] * len(paths), None))
                 runs[i] = float(line["median_us"])
-                out[key] = (runs, line.get("kernel", out[key][1]))
+                out[key] = (runs, line.get("kernel", kernel))
     return out
 
 
