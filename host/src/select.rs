@@ -10,7 +10,7 @@ use kernels_gpu::abi::SM100_DIM;
 use kernels_gpu::registry::{
     grad_kernel_name, sm100_stage2_kernel_name, CAST, SM100_HEADS, SM100_TOPKS, STAGE1,
 };
-use kernels_gpu::sm90;
+use kernels_gpu::sm90::bwd;
 
 /// Compute capabilities `(major, minor)` on which the tcgen05 (Blackwell)
 /// path has a recorded hardware validation: its kernels run with
@@ -119,7 +119,7 @@ fn select_with(
     let wgmma = backend == Backend::Hopper
         && module.has_wgmma()
         && wg_row(shape).is_some()
-        && sm90::supports(shape.rows() as u64, shape.topk as u64);
+        && bwd::supports(shape.rows() as u64, shape.topk as u64);
     Ok(Selection {
         module,
         backend,
@@ -129,12 +129,12 @@ fn select_with(
 
 /// The wgmma path's kernels for the heads and head dimension of `shape`
 /// (H in {16, 32, 64, 128}, D in {64, 128}), or `None`.
-fn wg_row(shape: &Shape) -> Option<sm90::WgRow> {
+fn wg_row(shape: &Shape) -> Option<bwd::WgRow> {
     let (h, d) = (
         u32::try_from(shape.heads).ok()?,
         u32::try_from(shape.head_dim).ok()?,
     );
-    sm90::wg_row(h, d)
+    bwd::wg_row(h, d)
 }
 
 /// Why the tcgen05 kernels cannot take `shape`, or `None` when they can.
@@ -173,8 +173,8 @@ pub(crate) enum PathKind {
     /// the paired wgmma kernel, then the persistent wgmma kernel of the
     /// shape.
     Sm90 {
-        /// The kernels of the shape (`sm90::wg_row`).
-        row: sm90::WgRow,
+        /// The kernels of the shape (`bwd::wg_row`).
+        row: bwd::WgRow,
         /// Whether the paired kernel is launched (H = 64, D = 128 and an
         /// even number of rows).
         paired: bool,
@@ -199,7 +199,7 @@ impl PathKind {
             })?;
             PathKind::Sm100 { stage2 }
         } else if let Some(row) = wg_row(shape).filter(|_| sel.wgmma) {
-            let paired = row.paired && sm90::supports_pairs(shape.rows() as u64, shape.topk as u64);
+            let paired = row.paired && bwd::supports_pairs(shape.rows() as u64, shape.topk as u64);
             PathKind::Sm90 { row, paired }
         } else {
             let kernel = grad_kernel_name(heads, dim).ok_or(Error::Shape {
@@ -472,8 +472,8 @@ mod tests {
 
     #[test]
     fn row_kernels_must_fit_the_shared_memory_of_a_block() {
+        use kernels_gpu::portable::rows::RowSmem;
         use kernels_gpu::registry::{grad_kernel_name, SUPPORTED_DIMS, SUPPORTED_HEADS};
-        use kernels_gpu::tiles::RowSmem;
         // Opt-in shared memory per block: 227 KiB on 9.0 and 10.x, 99 KiB
         // on 12.x (CUDA programming guide, compute capabilities table).
         const HOPPER: i32 = 227 * 1024;
@@ -550,7 +550,7 @@ mod tests {
             batch: 1,
             ..both()
         };
-        let d128 = sm90::wg_row(64, 128).unwrap();
+        let d128 = bwd::wg_row(64, 128).unwrap();
         assert_eq!(
             path(9, 0, &both(), Backend::Auto),
             PathKind::Sm90 {
@@ -586,7 +586,7 @@ mod tests {
     fn h64_d64_takes_the_wgmma_row_kernel_above_one_chunk() {
         use GradDtype::{Bf16, F32};
         let d64 = PathKind::Sm90 {
-            row: sm90::wg_row(64, 64).unwrap(),
+            row: bwd::wg_row(64, 64).unwrap(),
             paired: false,
         };
         // Even and odd row counts alike: no paired kernel for D = 64.
@@ -623,9 +623,9 @@ mod tests {
                 rows(64, 64)
             );
         }
-        let l = sm90::SMEM_D64;
-        assert_eq!(sm90::wg_row(64, 64).unwrap().smem, l);
-        assert!(sm90::wg_row(64, 96).is_none());
+        let l = bwd::SMEM_D64;
+        assert_eq!(bwd::wg_row(64, 64).unwrap().smem, l);
+        assert!(bwd::wg_row(64, 96).is_none());
     }
 
     #[test]
@@ -644,7 +644,7 @@ mod tests {
             (16, 64, "indexer_bwd_wg_h16_d64"),
         ] {
             let want = PathKind::Sm90 {
-                row: sm90::wg_row(h, d).unwrap(),
+                row: bwd::wg_row(h, d).unwrap(),
                 paired: false,
             };
             let stage1 = if d == 64 { s1_d64 } else { STAGE1.name };
@@ -663,7 +663,7 @@ mod tests {
                     assert_eq!(p.kernels(&dk_opts(F32)), [stage1, name]);
                     assert!(p.kernels(&dk_opts(Bf16)).contains(&name));
                 }
-                let counts = s.topk >= sm90::SKIP_MIN_TOPK as usize;
+                let counts = s.topk >= bwd::SKIP_MIN_TOPK as usize;
                 assert_eq!(crate::launch::sm90::row_chunks(&s), counts, "{s:?}");
             }
             // One chunk and other GPUs keep the row kernels.
@@ -679,14 +679,14 @@ mod tests {
         assert!(crate::launch::sm90::row_chunks(&shape(64, 128, 2048)));
         assert!(crate::launch::sm90::row_chunks(&shape(64, 64, 2048)));
         // H = 128 runs one CTA of two halves per SM, on the paired layout.
-        let h128 = sm90::wg_row(128, 128).unwrap();
+        let h128 = bwd::wg_row(128, 128).unwrap();
         assert_eq!(
             (h128.threads, h128.bytes),
-            (sm90::PAIR.threads, sm90::PAIR.bytes)
+            (bwd::PAIR.threads, bwd::PAIR.bytes)
         );
         assert_eq!(h128.grid(10_000, 132), 132);
-        assert_eq!(sm90::wg_row(64, 128).unwrap().grid(10_000, 132), 264);
-        assert!(sm90::wg_row(128, 96).is_none());
+        assert_eq!(bwd::wg_row(64, 128).unwrap().grid(10_000, 132), 264);
+        assert!(bwd::wg_row(128, 96).is_none());
     }
 
     #[test]
@@ -694,11 +694,8 @@ mod tests {
         use GradDtype::{Bf16, F32};
         let row = grad_kernel_name(64, 128).unwrap();
         let t = "sm100_stage2_t256_h64";
-        let (d128, d64) = (
-            sm90::wg_row(64, 128).unwrap(),
-            sm90::wg_row(64, 64).unwrap(),
-        );
-        let h32 = sm90::wg_row(32, 128).unwrap();
+        let (d128, d64) = (bwd::wg_row(64, 128).unwrap(), bwd::wg_row(64, 64).unwrap());
+        let h32 = bwd::wg_row(32, 128).unwrap();
         let cases: [(PathKind, &[&str]); 6] = [
             (PathKind::Rows { kernel: row }, &[row]),
             (
@@ -750,7 +747,7 @@ mod tests {
     #[test]
     fn deterministic_mode_launches_the_passes_and_the_twins() {
         use GradDtype::{Bf16, F32};
-        let row = sm90::wg_row(64, 128).unwrap();
+        let row = bwd::wg_row(64, 128).unwrap();
         let det = |dk| Options {
             deterministic: true,
             ..dk_opts(dk)
@@ -770,7 +767,7 @@ mod tests {
                 ]
             );
         }
-        let h128 = sm90::wg_row(128, 64).unwrap();
+        let h128 = bwd::wg_row(128, 64).unwrap();
         assert_eq!(
             PathKind::Sm90 {
                 row: h128,

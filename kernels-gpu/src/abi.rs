@@ -28,7 +28,7 @@ pub const FLAG_DW_F32: u32 = 1 << 2;
 pub const FLAG_ROW_CHUNKS: u32 = 1 << 3;
 /// Flag bit (Hopper fast path only): the row kernel runs after the paired
 /// kernel (`registry::SM90_WG_PAIR`) in the same execute and exits at once
-/// when the dispatch test (`sm90::pair_sample`) chose the paired kernel;
+/// when the dispatch test (`sm90::bwd::pair_sample`) chose the paired kernel;
 /// the paired kernel exits when it did not. Exactly one of them computes
 /// the gradients.
 pub const FLAG_PAIR_DISPATCH: u32 = 1 << 4;
@@ -109,7 +109,7 @@ pub struct GradParams {
     pub heads: u32,
 }
 
-/// Parameters of the forward kernels (`forward`): one CTA per query row.
+/// Parameters of the forward kernels (`portable::forward`, `sm90::forward`): one CTA per query row.
 /// Flags: [`FLAG_LOCAL_IDS`], [`FLAG_IDS_I64`], [`FLAG_LOG_SCORE`] (sparse
 /// output as log-probabilities), [`FLAG_FWD_DENSE`].
 #[repr(C)]
@@ -244,7 +244,7 @@ pub struct DenseTileParams {
 /// Parameter of dense mode's deterministic tile kernel
 /// (`indexer_dense_bwd_wg_det_h64_d128`): the tile kernel's parameter
 /// (first, so that its tensor maps stay at the same offsets) and the
-/// turn table (`dense_wg::turns`): u32 word 0 hands out the work items in
+/// turn table (`sm90::dense::turns`): u32 word 0 hands out the work items in
 /// arrival order, word `1 + c` counts the key items of chain `c` that
 /// added their dK sums. Zeroed before dense stage 1.
 #[repr(C)]
@@ -267,7 +267,7 @@ pub const DENSE_ITEM_ROWS: u32 = 0;
 /// row_begin, row_end, chain, turn]`: keys `col0..col0 + nkeys` (`nkeys <= 128`)
 /// of the batch whose key 0 is key row `key_start`, against the query rows
 /// `row_begin..row_end` of that batch (a run of at most
-/// `dense_wg::ITEM_MAX_ROWS` of the rows that see one of them). It adds
+/// `sm90::dense::ITEM_MAX_ROWS` of the rows that see one of them). It adds
 /// the keys' dK sums over those rows to the accumulator, once. The runs
 /// of one 128-key tile form two chains (`chain`, `chain + 1`: its first and
 /// its second 64 keys) in which the run starting at the batch's first

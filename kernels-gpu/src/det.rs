@@ -321,11 +321,6 @@ impl DetTables {
     }
 }
 
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a", not(kernels_lab)))]
-mod kernels;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a", not(kernels_lab)))]
-pub use kernels::{add_pair, row_scale};
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
 )]
 // `#[rustc_force_inline]` (inlining in MIR, before LLVM) for the steps of
-// the sm_90a wgmma kernels: see `sm90::wg`.
+// the sm_90a wgmma kernels: see `sm90::bwd::wg`.
 #![cfg_attr(
     all(target_arch = "nvptx64", kernels_arch = "sm_90a"),
     feature(rustc_attrs),
@@ -44,9 +44,8 @@ macro_rules! sm90a_modules {
 }
 
 pub mod abi;
-pub mod dense_wg;
 pub mod det;
-pub mod forward;
+pub mod portable;
 pub mod registry;
 pub mod sched;
 pub mod score;
@@ -54,7 +53,6 @@ pub mod sm100;
 pub mod sm90;
 #[cfg(test)]
 mod testing;
-pub mod tiles;
 pub mod tma;
 
 #[cfg(target_arch = "nvptx64")]
@@ -63,21 +61,12 @@ pub mod ptx;
 // The product's entries exist in the product builds only (not
 // `kernels_lab`); the instruments in the lab builds only, for sm_90a and
 // sm_100f (`lab`, `registry::Home`).
-#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
-mod cast;
-#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
-mod grad;
 #[cfg(all(
     target_arch = "nvptx64",
     kernels_lab,
     any(kernels_arch = "sm_90a", kernels_arch = "sm_100f")
 ))]
 mod lab;
-#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
-mod stage1;
-// Dense mode's stage 1 (sm_90a only: dense mode runs the wgmma path).
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a", not(kernels_lab)))]
-mod dense;
 #[cfg(all(target_arch = "nvptx64", kernels_watchdog))]
 pub mod watchdog;
 

@@ -297,7 +297,7 @@ const fn row(name: &'static str, min_ctas: u32) -> Kernel {
         Targets::ALL,
     )
 }
-/// Threads per CTA of the row kernels (`tiles::GRAD_THREADS`).
+/// Threads per CTA of the row kernels (`portable::rows::GRAD_THREADS`).
 pub const ROW_THREADS: u32 = 256;
 
 /// Heads supported by the row kernels.
@@ -343,7 +343,7 @@ pub const fn grad_kernel_name(heads: u32, dim: u32) -> Option<&'static str> {
     }
 }
 
-/// The wgmma row kernel (H = 64, D = 128; `sm90`): two resident CTAs per
+/// The wgmma row kernel (H = 64, D = 128; `sm90::bwd`): two resident CTAs per
 /// SM (the persistent grid counts on them), so at most 128 registers per
 /// thread; always launched with exactly its two warpgroups.
 pub const SM90_WG: Kernel = k(
@@ -354,7 +354,7 @@ pub const SM90_WG: Kernel = k(
     Targets::SM90A,
 );
 
-/// The wgmma row kernel for H = 64, D = 64 (`sm90`, the same body on a
+/// The wgmma row kernel for H = 64, D = 64 (`sm90::bwd`, the same body on a
 /// layout half as wide in D): as [`SM90_WG`], two resident CTAs per SM.
 pub const SM90_WG_D64: Kernel = k(
     "indexer_bwd_wg_h64_d64",
@@ -364,7 +364,7 @@ pub const SM90_WG_D64: Kernel = k(
     Targets::SM90A,
 );
 
-/// The wgmma row kernel for H = 32, D = 128 (`sm90`, the D = 128 body and
+/// The wgmma row kernel for H = 32, D = 128 (`sm90::bwd`, the D = 128 body and
 /// layout with the head tile's rows 32..63 padded): as [`SM90_WG`], two
 /// resident CTAs per SM.
 pub const SM90_WG_H32: Kernel = k(
@@ -385,7 +385,7 @@ pub const SM90_WG_H16: Kernel = k(
     Targets::SM90A,
 );
 
-/// The paired wgmma kernel (`sm90`): one CTA of twice the row kernel's
+/// The paired wgmma kernel (`sm90::bwd`): one CTA of twice the row kernel's
 /// threads per SM, the same register cap.
 pub const SM90_WG_PAIR: Kernel = k(
     "indexer_bwd_wg_pair_h64_d128",
@@ -395,7 +395,7 @@ pub const SM90_WG_PAIR: Kernel = k(
     Targets::SM90A,
 );
 
-/// The wgmma kernel for H = 128, D = 128 (`sm90`, the paired kernel's body
+/// The wgmma kernel for H = 128, D = 128 (`sm90::bwd`, the paired kernel's body
 /// with the two halves on one row's two 64-head halves): as
 /// [`SM90_WG_PAIR`].
 pub const SM90_WG_H128: Kernel = k(
@@ -406,7 +406,7 @@ pub const SM90_WG_H128: Kernel = k(
     Targets::SM90A,
 );
 
-/// Dense mode's stage 1 (`dense`): one query row per CTA, ahead of a
+/// Dense mode's stage 1 (`sm90::dense::stage1`): one query row per CTA, ahead of a
 /// wgmma kernel; in the sm_90a module only (dense mode on the GPU runs
 /// the Hopper fast path).
 pub const DENSE_STAGE1: Kernel = k(
@@ -417,7 +417,7 @@ pub const DENSE_STAGE1: Kernel = k(
     Targets::SM90A,
 );
 
-/// Dense mode's tile kernel for H = 64, D = 128 (`dense_wg`): stage 2
+/// Dense mode's tile kernel for H = 64, D = 128 (`sm90::dense`): stage 2
 /// over whole key tiles, one work item per CTA, after
 /// [`DENSE_STAGE1`]. One resident CTA per SM (its consumers hold two
 /// products in flight: more than 128 registers); its tensor maps lead the
@@ -433,7 +433,7 @@ pub const DENSE_WG: Kernel = Kernel {
     )
 };
 
-/// The deterministic twin of [`DENSE_WG`] (`dense_wg`): the same body and
+/// The deterministic twin of [`DENSE_WG`] (`sm90::dense`): the same body and
 /// launch shape, its work items taken in arrival order and each key
 /// item's dK sums added in its chain's turn; takes
 /// [`DenseDetTileParams`].
@@ -443,7 +443,7 @@ pub const DENSE_WG_DET: Kernel = Kernel {
     ..DENSE_WG
 };
 
-/// The wgmma row kernel for H = 32, D = 64 (`sm90`, the D = 64 body with
+/// The wgmma row kernel for H = 32, D = 64 (`sm90::bwd`, the D = 64 body with
 /// the head tile's rows 32..63 padded): as [`SM90_WG`].
 pub const SM90_WG_H32_D64: Kernel = k(
     "indexer_bwd_wg_h32_d64",
@@ -463,7 +463,7 @@ pub const SM90_WG_H16_D64: Kernel = k(
     Targets::SM90A,
 );
 
-/// The wgmma kernel for H = 128, D = 64 (`sm90`, [`SM90_WG_H128`]'s halves
+/// The wgmma kernel for H = 128, D = 64 (`sm90::bwd`, [`SM90_WG_H128`]'s halves
 /// on the D = 64 body): as [`SM90_WG_PAIR`].
 pub const SM90_WG_H128_D64: Kernel = k(
     "indexer_bwd_wg_h128_d64",
@@ -554,11 +554,11 @@ pub const DET_FINISH: Kernel = det_pass("det_finish", DET_THREADS, 8);
 /// Dynamic shared memory of [`DET_BOUNDS`]: one f32 per warp.
 pub const DET_SMEM: u32 = DET_THREADS / 32 * 4;
 
-/// A forward kernel (`forward`): one CTA of one warpgroup per query row,
-/// always launched with exactly its 128 threads, `min_ctas` resident CTAs
-/// per SM (the layouts fit them: [`FWD_WG_CTAS`] for the wgmma
-/// kernels, `forward::ROWS_CTAS_PER_SM` for the portable ones; `forward`
-/// asserts both against this list).
+/// A forward kernel (`sm90::forward`, `portable::forward`): one CTA of one
+/// warpgroup per query row, always launched with exactly its 128 threads,
+/// `min_ctas` resident CTAs per SM (the layouts fit them: [`FWD_WG_CTAS`]
+/// for the wgmma kernels, `portable::forward::ROWS_CTAS_PER_SM` for the
+/// portable ones; `portable::forward` asserts both against this list).
 const fn fwd(name: &'static str, targets: Targets, min_ctas: u32) -> Kernel {
     k(
         name,
@@ -573,13 +573,13 @@ const fn fwd_wg(name: &'static str) -> Kernel {
     fwd(name, Targets::SM90A, FWD_WG_CTAS)
 }
 /// Resident CTAs per SM of the wgmma forward kernels
-/// (`forward::CTAS_PER_SM`, whose layouts fit them).
+/// (`portable::forward::CTAS_PER_SM`, whose layouts fit them).
 pub const FWD_WG_CTAS: u32 = 3;
 /// The portable forward kernel `name` (two resident per SM).
 const fn fwd_rows(name: &'static str) -> Kernel {
     fwd(name, Targets::ALL, 2)
 }
-/// Threads per CTA of the forward kernels (`forward::THREADS`).
+/// Threads per CTA of the forward kernels (`portable::forward::THREADS`).
 pub const FWD_THREADS: u32 = 128;
 
 /// The wgmma forward kernels (sm_90a), in [`SUPPORTED_HEADS`] x
@@ -598,7 +598,7 @@ pub const FWD_WG: [Kernel; 8] = [
 /// The wgmma forward kernels on a persistent grid (sm_90a), in the order
 /// of [`FWD_WG`]: the same walk, each CTA taking rows in turn and issuing
 /// a row's prologue loads before the previous row's end
-/// (`forward::persistent` says where a plan takes them).
+/// (`portable::forward::persistent` says where a plan takes them).
 pub const FWD_WG_PERSIST: [Kernel; 8] = [
     fwd_wg("indexer_fwd_wg_persist_h16_d64"),
     fwd_wg("indexer_fwd_wg_persist_h16_d128"),

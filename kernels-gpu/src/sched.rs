@@ -71,7 +71,7 @@ pub const fn items(rows: u32, per_item: u32) -> u32 {
 /// check needs).
 ///
 /// The count is the state (not the stage and phase): the wgmma kernels
-/// also locate items ahead by it (`sm90::Walk::pos`), and derive every
+/// also locate items ahead by it (`sm90::bwd::Walk::pos`), and derive every
 /// stage index from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PipeState<const STAGES: u32> {

@@ -1,5 +1,5 @@
-//! Score-gradient math shared by the row kernel (`grad/`) and the
-//! sm_100f stage-1 kernel: the clip constant, an f32 `exp`, the per-slot
+//! Score-gradient math shared by the `mma.sync` row kernels
+//! (`portable::rows`) and stage 1 (`portable::stage1`): the clip constant, an f32 `exp`, the per-slot
 //! terms of stage 1, key-id loading (i32 or i64) and resolution. Plain Rust, so the host unit
 //! tests below check it against `std` as well.
 

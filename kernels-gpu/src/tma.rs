@@ -1,7 +1,7 @@
 //! Tensor-map geometry of the kernels' TMA loads, whatever the
 //! architecture, as plain Rust the host turns into
 //! `cuTensorMapEncodeTiled` arguments (`host/src/tma.rs`): the q and K
-//! tile maps of dense mode's sm_90a tile kernel (`dense_wg`) and the K
+//! tile maps of dense mode's sm_90a tile kernel (`sm90::dense`) and the K
 //! gather and q tile maps of the sm_100f path (**compiled, not
 //! executed**: no sm_100 GPU); plus the shared-memory image that TMA's
 //! 128-byte swizzle produces (which is also the canonical K-major

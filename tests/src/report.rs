@@ -232,15 +232,15 @@ impl IdStats {
 /// `registry::SM90_WG_PAIR`: the Hopper fast path with H = 64,
 /// D = 128, topk > 64 and an even row count) and the dispatch test that
 /// every CTA runs on the device picks it, replicated on the host by
-/// `kernels_gpu::sm90::ids_pair_up` (raw ids of sampled row pairs, so the
+/// `kernels_gpu::sm90::bwd::ids_pair_up` (raw ids of sampled row pairs, so the
 /// same verdict under either id convention). Exact for i32 ids (the
 /// bench's); for i64 ids, exact when their values fit in i32.
 pub fn paired_kernel_computes(kernels: &[&str], shape: &Shape, ids: &[i32]) -> bool {
-    use kernels_gpu::sm90;
+    use kernels_gpu::sm90::bwd;
     let pair = kernels_gpu::registry::SM90_WG_PAIR.name;
     let twin = kernels_gpu::registry::det_twin(pair).map(|k| k.name);
     kernels.iter().any(|&k| k == pair || Some(k) == twin)
-        && sm90::ids_pair_up(ids, shape.rows() as u32, shape.topk as u32)
+        && bwd::ids_pair_up(ids, shape.rows() as u32, shape.topk as u32)
 }
 
 /// Which stage-2 kernel computes a point.
@@ -253,7 +253,7 @@ pub enum Computes {
 }
 
 /// Which kernel computes problem `p` on a plan launching `kernels`: the
-/// dispatch test of `kernels_gpu::sm90` on its ids.
+/// dispatch test of `kernels_gpu::sm90::bwd` on its ids.
 pub fn which_computes(kernels: &[&str], p: &crate::Problem) -> Computes {
     if paired_kernel_computes(kernels, &p.shape, &p.ids) {
         Computes::Paired

@@ -247,7 +247,7 @@ fn gpu_forward_on_long_rows_matches_reference() {
     );
 }
 
-/// The persistent wgmma kernel (`kernels_gpu::forward::persistent`: rows
+/// The persistent wgmma kernel (`kernels_gpu::portable::forward::persistent`: rows
 /// of at most 256 slots, `H * D >= 4096`) on more rows than its grid holds
 /// CTAs (about 530 of H = 64, D = 128 on an H100 or H200): each CTA walks
 /// several rows, loading the next row's q tile, weights and first ids

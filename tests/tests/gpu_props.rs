@@ -111,7 +111,7 @@ fn gpu_fast_path_with_more_rows_than_ctas_matches_reference() {
 }
 
 // The cases below must reach the skip.
-const _: () = assert!(kernels_gpu::sm90::SKIP_MIN_TOPK <= 512);
+const _: () = assert!(kernels_gpu::sm90::bwd::SKIP_MIN_TOPK <= 512);
 
 /// 24 cases at H = 64, D = 128 with topk 512-1000 (where the fast path
 /// skips each row's trailing all-padding chunks, `sm90::SKIP_MIN_TOPK`),
@@ -177,7 +177,7 @@ fn gpu_fast_path_on_paired_rows_matches_reference() {
         |p, rng, (share, swaps)| {
             p.pair_rows(rng, share, swaps);
             let (rows, topk) = (p.shape.rows() as u32, p.shape.topk as u32);
-            if kernels_gpu::sm90::ids_pair_up(&p.ids, rows, topk) {
+            if kernels_gpu::sm90::bwd::ids_pair_up(&p.ids, rows, topk) {
                 paired.set(paired.get() + 1);
             }
         },

@@ -174,15 +174,29 @@ fn names_are_unique_and_threads_match_the_kernels_constants() {
     names.dedup();
     assert_eq!(names.len(), KERNELS.len());
     for k in registry::ROWS {
-        assert_eq!(k.threads, kernels_gpu::tiles::GRAD_THREADS, "{}", k.name);
+        assert_eq!(
+            k.threads,
+            kernels_gpu::portable::rows::GRAD_THREADS,
+            "{}",
+            k.name
+        );
     }
-    assert_eq!(registry::SM90_WG.threads, kernels_gpu::sm90::THREADS);
-    assert_eq!(registry::SM90_WG_D64.threads, kernels_gpu::sm90::THREADS);
-    assert_eq!(registry::SM90_WG_H32.threads, kernels_gpu::sm90::THREADS);
-    assert_eq!(registry::SM90_WG_H16.threads, kernels_gpu::sm90::THREADS);
+    assert_eq!(registry::SM90_WG.threads, kernels_gpu::sm90::bwd::THREADS);
+    assert_eq!(
+        registry::SM90_WG_D64.threads,
+        kernels_gpu::sm90::bwd::THREADS
+    );
+    assert_eq!(
+        registry::SM90_WG_H32.threads,
+        kernels_gpu::sm90::bwd::THREADS
+    );
+    assert_eq!(
+        registry::SM90_WG_H16.threads,
+        kernels_gpu::sm90::bwd::THREADS
+    );
     assert_eq!(
         registry::SM90_WG_PAIR.threads,
-        kernels_gpu::sm90::PAIR.threads
+        kernels_gpu::sm90::bwd::PAIR.threads
     );
     assert_eq!(registry::STAGE1.threads, kernels_gpu::abi::STAGE1_THREADS);
     assert_eq!(

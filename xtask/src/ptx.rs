@@ -507,7 +507,7 @@ fn dynamic_smem(kernel: &str) -> String {
         Param::Smoke => kernels_gpu::abi::SMOKE_SMEM_BYTES,
         Param::Tag => kernels_gpu::abi::WATCHDOG_PROBE_SMEM,
         Param::Dense => kernels_gpu::abi::DENSE_STAGE1_SMEM,
-        Param::DenseTile | Param::DenseDet => kernels_gpu::dense_wg::SMEM.bytes,
+        Param::DenseTile | Param::DenseDet => kernels_gpu::sm90::dense::SMEM.bytes,
         Param::Det => match registry::det_base(k) {
             Some(base) => return dynamic_smem(base.name),
             None => registry::DET_SMEM,
@@ -520,18 +520,18 @@ fn dynamic_smem(kernel: &str) -> String {
                 || *k == registry::SM90_WG_H32
                 || *k == registry::SM90_WG_H16 =>
         {
-            kernels_gpu::sm90::SMEM.bytes
+            kernels_gpu::sm90::bwd::SMEM.bytes
         }
         Param::Grad
             if *k == registry::SM90_WG_D64
                 || *k == registry::SM90_WG_H32_D64
                 || *k == registry::SM90_WG_H16_D64 =>
         {
-            kernels_gpu::sm90::SMEM_D64.bytes
+            kernels_gpu::sm90::bwd::SMEM_D64.bytes
         }
-        Param::Grad if *k == registry::SM90_WG_H128_D64 => kernels_gpu::sm90::PAIR_D64.bytes,
+        Param::Grad if *k == registry::SM90_WG_H128_D64 => kernels_gpu::sm90::bwd::PAIR_D64.bytes,
         Param::Grad if *k == registry::SM90_WG_PAIR || *k == registry::SM90_WG_H128 => {
-            kernels_gpu::sm90::PAIR.bytes
+            kernels_gpu::sm90::bwd::PAIR.bytes
         }
         Param::Grad => {
             let row = SUPPORTED_HEADS
@@ -539,7 +539,7 @@ fn dynamic_smem(kernel: &str) -> String {
                 .flat_map(|h| SUPPORTED_DIMS.map(|d| (h, d)))
                 .find(|&(h, d)| registry::row_kernel(h, d) == Some(*k));
             match row {
-                Some((h, d)) => kernels_gpu::tiles::RowSmem::new(h, d).bytes,
+                Some((h, d)) => kernels_gpu::portable::rows::RowSmem::new(h, d).bytes,
                 None => return "-".into(),
             }
         }
@@ -551,9 +551,9 @@ fn dynamic_smem(kernel: &str) -> String {
                 .find_map(|(h, d)| {
                     let is = |kind| registry::fwd_kernel(h, d, kind) == Some(*k);
                     if is(FwdKind::Wgmma) || is(FwdKind::Persistent) {
-                        Some(kernels_gpu::forward::smem(h, d).bytes)
+                        Some(kernels_gpu::portable::forward::smem(h, d).bytes)
                     } else if is(FwdKind::Portable) {
-                        Some(kernels_gpu::forward::rows_smem(h, d).bytes)
+                        Some(kernels_gpu::portable::forward::rows_smem(h, d).bytes)
                     } else {
                         None
                     }

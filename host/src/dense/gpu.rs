@@ -3,7 +3,7 @@
 //! written over `index_score`), then stage 2 as its programmatic
 //! dependent, by one of two strategies:
 //! - **tiles** (H = 64, D = 128): dense mode's own kernel
-//!   (`kernels_gpu::dense_wg`): K and q tiles loaded whole by TMA (two
+//!   (`kernels_gpu::sm90::dense`): K and q tiles loaded whole by TMA (two
 //!   tensor maps encoded per call at the call's addresses), dQ and
 //!   d_weights written once per row, dK reduced once per key item (128
 //!   keys against a run of up to 256 rows); the plan holds the work items
@@ -22,7 +22,7 @@
 //!
 //! In deterministic mode (`Options::deterministic`) the tile strategy runs
 //! the tile kernel's twin, which adds each key item's sums in a fixed
-//! order (`kernels_gpu::dense_wg::turns`; its turn table in the workspace,
+//! order (`kernels_gpu::sm90::dense::turns`; its turn table in the workspace,
 //! zeroed before stage 1), and the sparse strategy runs the sparse path's
 //! deterministic passes and twins (`kernels_gpu::det`: a fixed-point
 //! accumulator in the workspace, `det_finish` writes `d_index_k`).
@@ -119,7 +119,7 @@ enum Stage2 {
 /// The tile kernel's map over a bf16 `(rows, 128)` matrix: boxes of 64
 /// rows x 64 columns (one 128-byte swizzle block of a tile).
 fn tile_map(rows: usize) -> Result<TiledArgs> {
-    use kernels_gpu::dense_wg::{DIM, TILE_KEYS};
+    use kernels_gpu::sm90::dense::{DIM, TILE_KEYS};
     let m =
         q_tile_map(rows as u64, DIM, 64, TILE_KEYS).map_err(|_| crate::error::Error::Shape {
             name: "tensor map",
@@ -179,11 +179,11 @@ impl DenseGpu {
                 } else {
                     DENSE_WG.name
                 };
-                let kernel = module.kernel_with_smem(name, kernels_gpu::dense_wg::SMEM.bytes)?;
+                let kernel = module.kernel_with_smem(name, kernels_gpu::sm90::dense::SMEM.bytes)?;
                 let (items, tiles) = super::tiles::items(shape)?;
                 let n_items = items.len() as u32;
                 let items = stream.clone_htod(items.as_flattened())?;
-                let heads = kernels_gpu::dense_wg::HEADS as usize;
+                let heads = kernels_gpu::sm90::dense::HEADS as usize;
                 Stage2::Tiles {
                     kernel,
                     items,
@@ -235,7 +235,7 @@ impl DenseGpu {
         match (&self.stage2, opts.deterministic) {
             (Stage2::Tiles { tiles, .. }, true) => {
                 let words =
-                    kernels_gpu::dense_wg::turn_words(kernels_gpu::dense_wg::chains(*tiles));
+                    kernels_gpu::sm90::dense::turn_words(kernels_gpu::sm90::dense::chains(*tiles));
                 WsLayout {
                     turns: Some(cast),
                     bytes: cast + up(4 * words as u64),
@@ -410,7 +410,7 @@ impl DenseGpu {
             sm_scale: opts.sm_scale,
             flags: call.flags,
         };
-        let bytes = kernels_gpu::dense_wg::SMEM.bytes;
+        let bytes = kernels_gpu::sm90::dense::SMEM.bytes;
         // SAFETY: the tile kernel (or its twin, with the plan's items,
         // whose chains list their turns in order, and the zeroed table) as
         // stage 1's programmatic dependent (it waits before reading

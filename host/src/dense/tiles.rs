@@ -1,4 +1,4 @@
-//! The work items of dense mode's tile kernel (`kernels_gpu::dense_wg`,
+//! The work items of dense mode's tile kernel (`kernels_gpu::sm90::dense`,
 //! H = 64, D = 128): one item per CTA, in the encoding of
 //! `kernels_gpu::abi::DENSE_ITEM_*`, ordered longest first so that the
 //! last CTAs to start are the short ones.
@@ -8,7 +8,7 @@
 //! rows of the batch that see one of those keys (visibility grows with the
 //! row, so they are a suffix of the batch), in runs of at most
 //! `ITEM_MAX_ROWS` rows. Each 128-key tile's runs form the chains of the
-//! deterministic twin (`kernels_gpu::dense_wg::turns`): numbered from 0
+//! deterministic twin (`kernels_gpu::sm90::dense::turns`): numbered from 0
 //! over the batches' tiles (two per tile), with the runs' turns in row
 //! order, and the order below keeps every chain's turns in increasing
 //! order (the twin's freedom from deadlock rests on it).
@@ -16,13 +16,13 @@
 use super::shape::Shape;
 use crate::error::Result;
 use kernels_gpu::abi::{DENSE_ITEM_KEYS, DENSE_ITEM_ROWS, DENSE_ITEM_WORDS};
-use kernels_gpu::dense_wg::{chains, ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS};
+use kernels_gpu::sm90::dense::{chains, ITEM_KEYS, ITEM_MAX_ROWS, ITEM_ROWS, TILE_KEYS};
 
 /// One item's words.
 pub(super) type Item = [u32; DENSE_ITEM_WORDS];
 
 /// The items of `shape` (validated), longest first, and the number of
-/// 128-key tiles (`kernels_gpu::dense_wg::chains` gives their chains).
+/// 128-key tiles (`kernels_gpu::sm90::dense::chains` gives their chains).
 pub(super) fn items(shape: &Shape) -> Result<(Vec<Item>, u32)> {
     // (work, item): work in steps of both warpgroups (a key tile of a row
     // item, a query row of a key item).

@@ -6,10 +6,10 @@
 //! Per query row, over its valid slots in slot order (dense: its visible
 //! columns): `logit = sum_h w[h] * [s > 0] * s` with `s = sm_scale * q[h,:]
 //! . k[n,:]` (a NaN `s` closes the gate, as in the backward), then the
-//! row's normaliser as the kernels keep it (`kernels_gpu::forward::Lse`:
+//! row's normaliser as the kernels keep it (`kernels_gpu::portable::forward::Lse`:
 //! a logit of `-inf` adds no mass; a NaN or `+inf` one makes the
 //! log-sum-exp NaN), `lse = m + ln(s)`, and the outputs
-//! (`kernels_gpu::forward::output`). So both paths make the same outputs
+//! (`kernels_gpu::portable::forward::output`). So both paths make the same outputs
 //! non-finite.
 
 use super::Options;
@@ -59,7 +59,7 @@ pub struct Scores {
 }
 
 /// A running normaliser in f64 under the kernels' rules
-/// (`kernels_gpu::forward::Lse`).
+/// (`kernels_gpu::portable::forward::Lse`).
 #[derive(Clone, Copy)]
 struct Lse {
     m: f64,

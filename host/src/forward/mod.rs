@@ -74,7 +74,7 @@ impl Options {
 /// per query row.
 pub(crate) fn validate_shape(shape: &Shape) -> Result<()> {
     shape.validate()?;
-    if !kernels_gpu::forward::supports(shape.rows() as u64, shape.topk as u64) {
+    if !kernels_gpu::portable::forward::supports(shape.rows() as u64, shape.topk as u64) {
         return Err(Error::Shape {
             name: "batch * seq_q",
             value: shape.rows(),

@@ -15,7 +15,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 use kernels_gpu::abi::{FwdParams, FLAG_FWD_DENSE, FLAG_IDS_I64, FLAG_LOCAL_IDS, FLAG_LOG_SCORE};
-use kernels_gpu::forward::{persistent, rows_smem, smem, supports, THREADS};
+use kernels_gpu::portable::forward::{persistent, rows_smem, smem, supports, THREADS};
 use kernels_gpu::registry::FwdKind;
 use kernels_gpu::sched::persistent_grid;
 use std::sync::Arc;
@@ -112,7 +112,7 @@ impl Launch {
     /// The forward kernel for `heads` x `dim` on `ctx`'s GPU; `sparse_cols`
     /// the slots of a sparse row (`None` in dense mode), which with the
     /// shape picks the persistent wgmma kernel
-    /// (`kernels_gpu::forward::persistent`).
+    /// (`kernels_gpu::portable::forward::persistent`).
     fn new(
         ctx: &Arc<CudaContext>,
         heads: usize,

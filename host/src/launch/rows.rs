@@ -17,7 +17,7 @@ use crate::select::check_shared_memory;
 use crate::shape::Shape;
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use kernels_gpu::abi::GradParams;
-use kernels_gpu::tiles::{RowSmem, GRAD_THREADS};
+use kernels_gpu::portable::rows::{RowSmem, GRAD_THREADS};
 use std::sync::Arc;
 
 /// The loaded row kernel of a plan and its launch shape.

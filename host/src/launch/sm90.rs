@@ -5,9 +5,9 @@
 //!
 //! Chosen ([`crate::select::PathKind::Sm90`]) on compute capability 9.0,
 //! whose `sm_90a` module alone holds these kernels, for H = 64 with D = 128
-//! or 64, and H = 128, 32 or 16 with D = 128 (`kernels_gpu::sm90::wg_row`:
+//! or 64, and H = 128, 32 or 16 with D = 128 (`kernels_gpu::sm90::bwd::wg_row`:
 //! each its own kernel, layout, launch shape and stage 1) and more than
-//! one 64-slot chunk per row (`kernels_gpu::sm90::supports`), under
+//! one 64-slot chunk per row (`kernels_gpu::sm90::bwd::supports`), under
 //! `Backend::Auto` or `Backend::Hopper`. With H = 64, D = 128 and an even
 //! number of rows the paired kernel (`registry::SM90_WG_PAIR`, two rows that
 //! share keys per CTA) is launched too, between stage 1 and the row
@@ -26,28 +26,28 @@ use kernels_gpu::abi::{
 };
 use kernels_gpu::det::{self, KeySumGrid};
 use kernels_gpu::registry::{self, DET_BOUNDS, DET_FINISH, DET_KEY_SUMS, DET_SCALES, DET_SMEM};
-use kernels_gpu::sm90;
+use kernels_gpu::sm90::bwd;
 use std::sync::Arc;
 
 /// Whether stage 1 counts each row's live chunks (over its `d_weights`
 /// block, `abi::row_chunks_at`) so that the wgmma kernel skips the rest:
-/// from `sm90::SKIP_MIN_TOPK` slots per row on (every H of the path has
+/// from `bwd::SKIP_MIN_TOPK` slots per row on (every H of the path has
 /// at least `abi::ROW_CHUNK_MIN_HEADS` d_weights elements per row).
 pub(crate) fn row_chunks(shape: &Shape) -> bool {
-    shape.topk >= sm90::SKIP_MIN_TOPK as usize
+    shape.topk >= bwd::SKIP_MIN_TOPK as usize
         && shape.heads >= kernels_gpu::abi::ROW_CHUNK_MIN_HEADS as usize
 }
 
 /// The loaded kernels of the fast path and their grids.
 pub(crate) struct Wgmma {
     stage1: CudaFunction,
-    /// The persistent wgmma kernel of the shape (`sm90::WgRow::kernel`).
+    /// The persistent wgmma kernel of the shape (`bwd::WgRow::kernel`).
     row: CudaFunction,
-    /// Its threads per CTA (`sm90::WgRow::threads`).
+    /// Its threads per CTA (`bwd::WgRow::threads`).
     row_threads: u32,
-    /// Its dynamic shared memory (`sm90::WgRow::bytes`).
+    /// Its dynamic shared memory (`bwd::WgRow::bytes`).
     row_smem: u32,
-    /// CTAs of `row` (`sm90::WgRow::grid`).
+    /// CTAs of `row` (`bwd::WgRow::grid`).
     grid: u32,
     /// The paired kernel and its grid, with an even number of rows.
     pair: Option<(CudaFunction, u32)>,
@@ -84,7 +84,7 @@ impl Wgmma {
         ctx: &Arc<CudaContext>,
         module: &Loaded,
         shape: &Shape,
-        wg: sm90::WgRow,
+        wg: bwd::WgRow,
         paired: bool,
         deterministic: bool,
     ) -> Result<Wgmma> {
@@ -94,8 +94,8 @@ impl Wgmma {
         let rows = shape.rows() as u32;
         let pair = if paired && wg.paired {
             let f = module
-                .kernel_with_smem(kernels_gpu::registry::SM90_WG_PAIR.name, sm90::PAIR.bytes)?;
-            Some((f, sm90::pair_grid(rows, sms)))
+                .kernel_with_smem(kernels_gpu::registry::SM90_WG_PAIR.name, bwd::PAIR.bytes)?;
+            Some((f, bwd::pair_grid(rows, sms)))
         } else {
             None
         };
@@ -128,7 +128,7 @@ impl Wgmma {
                 finish: module.kernel(DET_FINISH.name)?,
                 row: twin(wg.kernel, wg.bytes)?,
                 pair: match pair {
-                    Some(_) => Some(twin(registry::SM90_WG_PAIR.name, sm90::PAIR.bytes)?),
+                    Some(_) => Some(twin(registry::SM90_WG_PAIR.name, bwd::PAIR.bytes)?),
                     None => None,
                 },
                 stride_grid: sms * DET_CTAS_PER_SM,
@@ -202,7 +202,7 @@ impl Wgmma {
         mut p: P,
         dispatch: impl Fn(&mut P),
     ) -> Result<()> {
-        // SAFETY: the paired kernel runs `sm90::PAIR`'s CTAs on `pair`'s
+        // SAFETY: the paired kernel runs `bwd::PAIR`'s CTAs on `pair`'s
         // grid, the row kernel `row_threads` on `grid` with `row_smem`
         // bytes, its `WgRow`'s (limits raised in `new`). Both are
         // programmatic dependents: each executes griddepcontrol.wait before
@@ -215,8 +215,8 @@ impl Wgmma {
                     stream,
                     pair_fn,
                     pair_grid,
-                    sm90::PAIR.threads,
-                    sm90::PAIR.bytes,
+                    bwd::PAIR.threads,
+                    bwd::PAIR.bytes,
                     &p,
                 )?;
                 // Tells the row kernel that the paired kernel ran: it

@@ -433,7 +433,7 @@ macro_rules! rs_s_step {
 /// two 64-column swizzle blocks 8192 bytes apart (step `k` starts
 /// `32 (k % 4)` bytes into a row of block `k / 4`). A's first 64 columns
 /// come from registers, `a` (K step `k` in `a[4k..4k + 4]`, the `m64k16`
-/// layout of `dense_wg::frag_at`); steps 4..7 read its second swizzle
+/// layout of `sm90::dense::frag_at`); steps 4..7 read its second swizzle
 /// block from shared memory at `a_hi` (K-major, laid out as B's): half of
 /// A's shared-memory reads for 16 registers. Dense mode's logits: q of a
 /// row against 64 keys, or 64 keys against q of a row. Complete it with
@@ -566,7 +566,7 @@ macro_rules! rs_step {
 /// Issues `[D0 D1](64x128) += A(64x64) B(64x128)` without waiting, A in
 /// registers: A is the bf16 fragment `a` (K step `k` in `a[4k..4k + 4]`,
 /// the `m64k16` A layout: what an `m64n64` accumulator packs into,
-/// `dense_wg::pack_a`); B is MN-major (rows along K, step `k` 16 rows =
+/// `sm90::dense::pack_a`); B is MN-major (rows along K, step `k` 16 rows =
 /// 2048 bytes further) in two 64-column swizzle blocks, the descriptor's
 /// `lbo` the bytes between them; columns `0..64` accumulate into `d0` and
 /// `64..128` into `d1` (the `m64n128` accumulator list is `d0` then `d1`).
@@ -640,7 +640,7 @@ macro_rules! regs8 {
 }
 
 /// The K chain of the forward's `S^T = K q^T` on an `m64nN` accumulator
-/// list: A (a K chunk, [`crate::forward::CHUNK`] rows) and B (a q tile, N
+/// list: A (a K chunk, [`crate::portable::forward::CHUNK`] rows) and B (a q tile, N
 /// rows) both K-major in 64-column swizzle blocks, step `k` of a block
 /// `32 k` bytes into each row; with K = 128 the second blocks start at
 /// `{a1}` / `{b1}`. Committed and waited for.

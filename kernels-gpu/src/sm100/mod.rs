@@ -2,7 +2,7 @@
 //! executed** (no such GPU has been available).
 //!
 //! Device kernels (sm_100f builds only; stage 1 is the shared
-//! `crate::stage1` kernel, launched first): `stage2` (persistent,
+//! `crate::portable::stage1` kernel, launched first): `stage2` (persistent,
 //! warp-specialized tcgen05 kernel), whose roles live one per module, each
 //! given the kernel's context (`ctx`): `load` (TMA gather4 of K rows), `mma`
 //! (the single issuing thread), `compute` (gate, dS, d_weights, dQ

@@ -20,7 +20,7 @@ use indexer_tests::dense::{compare_dense, DenseDevice, DenseProblem};
 use indexer_tests::{
     check_against_reference, gpu, run_gpu, shape, Gen, Padding, Problem, Values, CONTINUOUS_FLOORS,
 };
-use kernels_gpu::sm90::ids_pair_up;
+use kernels_gpu::sm90::bwd::ids_pair_up;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 

@@ -6,11 +6,10 @@
 //! registers (i64 ids as 8-byte copies, narrowed when resolved).
 
 use super::ctx::{Ctx, HEAD_HALVES, SHARED_K};
-use super::{
-    swizzle, Pos, CHUNK, DIM, HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_HEADS, THREADS,
-};
+use super::{Pos, CHUNK, DIM, HEADS, K_BLOCK, K_BYTES, Q_BLOCK, Q_HEADS, THREADS};
 use crate::abi::{row_chunks_at, FLAG_ROW_CHUNKS};
 use crate::ptx::smem;
+use crate::sm90::swizzle;
 use crate::ptx::{cp_async, cvt};
 use crate::sched::row_at;
 use crate::score::{load_id, narrow_id_words, resolve};

@@ -1,13 +1,13 @@
 //! The wgmma kernel's product and head sum: `S^T = K q^T` of one chunk
 //! (M = 64 slots, N = H heads, K = D; A the chunk's K rows, B the row's q
 //! tile, both K-major swizzle blocks), then each slot's logit from the
-//! thread's accumulators ([`super::fragment_logits`]) and the quad's sum.
+//! thread's accumulators ([`fwd::fragment_logits`]) and the quad's sum.
 //!
 //! The shapes are types ([`Tile`]): one per H x D, each naming its
 //! accumulator array and its `wgmma` wrapper.
 
-use super::load::Row;
-use super::CHUNK;
+use crate::portable::forward::load::Row;
+use crate::portable::forward::{self as fwd, CHUNK};
 use crate::ptx::smem::SmemAddr;
 use crate::ptx::{sync, wgmma};
 use crate::sm90::{desc, ATOM_BYTES};
@@ -19,7 +19,7 @@ pub(super) trait Tile {
     /// Head dimension (its K).
     const D: u32;
     /// The kernel's shared-memory layout.
-    const L: super::FwdSmem = super::smem(Self::H, Self::D);
+    const L: fwd::FwdSmem = fwd::smem(Self::H, Self::D);
     /// The thread's accumulators of an `m64nH` tile.
     type Acc: Copy;
     /// Zeroed accumulators (the chains accumulate from the first step).
@@ -106,10 +106,10 @@ tile!(
 /// tile complete, fenced for the async proxy and behind a barrier.
 #[inline(always)]
 pub(super) unsafe fn product<T: Tile>(r: &Row<'_>, c: u32) -> T::Acc {
-    let kb: SmemAddr = r.kbuf(c % super::STAGES);
+    let kb: SmemAddr = r.kbuf(c % fwd::STAGES);
     let q = r.base.add(r.l.q);
     let a0 = desc(kb.0, 16, ATOM_BYTES);
-    let a1 = desc(kb.0 + super::K_BLOCK, 16, ATOM_BYTES);
+    let a1 = desc(kb.0 + fwd::K_BLOCK, 16, ATOM_BYTES);
     let b0 = desc(q.0, 16, ATOM_BYTES);
     let b1 = desc(q.0 + r.l.q_block, 16, ATOM_BYTES);
     let mut acc = T::ZERO;
@@ -121,7 +121,7 @@ pub(super) unsafe fn product<T: Tile>(r: &Row<'_>, c: u32) -> T::Acc {
 /// This thread's head weights for [`logits`]: element `2 j + e` is head
 /// `8 j + 2 (tid % 4) + e`'s, for `j < H / 8` (the rest zero), and whether
 /// this thread's weights allow the scaled head sum
-/// ([`super::scaled_heads_ok`]).
+/// ([`fwd::scaled_heads_ok`]).
 ///
 /// # Safety
 /// The weights are in shared memory behind a barrier.
@@ -137,8 +137,8 @@ pub(super) unsafe fn weights<T: Tile>(r: &Row<'_>) -> ([f32; 32], bool) {
             w[2 * j as usize] = super::load::weight(r, 8 * j + c);
             w[2 * j as usize + 1] = super::load::weight(r, 8 * j + c + 1);
         }
-        ok &= super::scaled_heads_ok(r.p.sm_scale, w[2 * j as usize]);
-        ok &= super::scaled_heads_ok(r.p.sm_scale, w[2 * j as usize + 1]);
+        ok &= fwd::scaled_heads_ok(r.p.sm_scale, w[2 * j as usize]);
+        ok &= fwd::scaled_heads_ok(r.p.sm_scale, w[2 * j as usize + 1]);
         j += 1;
     }
     (w, ok)
@@ -174,9 +174,9 @@ pub(super) unsafe fn logits<T: Tile>(
     let c = 2 * (r.tid % 4);
     let at = |col: u32| w[2 * (col / 8) as usize + (col % 2) as usize];
     let l = if fast {
-        super::fragment_logits_scaled(T::regs(acc), c, at)
+        fwd::fragment_logits_scaled(T::regs(acc), c, at)
     } else {
-        super::fragment_logits(T::regs(acc), c, r.p.sm_scale, at)
+        fwd::fragment_logits(T::regs(acc), c, r.p.sm_scale, at)
     };
     // SAFETY: full warps, after the uniform branch joined.
     unsafe { [sync::quad_sum_f32(l[0]), sync::quad_sum_f32(l[1])] }

@@ -5,7 +5,7 @@
 
 use super::ctx::Ctx;
 use super::mma::wait_s;
-use super::swizzle;
+use crate::sm90::swizzle;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cvt};
 

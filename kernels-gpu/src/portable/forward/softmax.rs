@@ -16,7 +16,7 @@ use crate::ptx::{smem as sh, sync};
 /// Every thread of the CTA, uniform control flow; barrier 0 free; the
 /// layout's `lse` region unused since the last barrier.
 #[inline(always)]
-pub(super) unsafe fn row_lse(r: &Row<'_>, mine: Lse) -> f32 {
+pub(crate) unsafe fn row_lse(r: &Row<'_>, mine: Lse) -> f32 {
     let mut a = mine;
     let mut mask = 16;
     while mask > 0 {
@@ -73,7 +73,7 @@ const REWRITE_BATCH: u32 = 4;
 /// After [`row_lse`] (the walk's stores of every slot below the walked
 /// chunks' end are ordered before its barrier); the launch contract.
 #[inline(always)]
-pub(super) unsafe fn rewrite(r: &Row<'_>, lse: f32) {
+pub(crate) unsafe fn rewrite(r: &Row<'_>, lse: f32) {
     let p = r.p;
     let log = p.flags & FLAG_LOG_SCORE != 0;
     let dense = r.dense();

@@ -1,11 +1,24 @@
-//! Tile shapes and shared-memory layout of the row kernel, as plain `const`
-//! arithmetic so the host (launch configuration, budget checks, unit tests)
-//! and the device use the same numbers.
+//! The `mma.sync` row kernels `indexer_bwd_rows_h{H}_d{D}` (every
+//! target): both stages of the backward fused, one CTA per query row. This
+//! module holds their tile shapes and shared-memory layout as plain
+//! `const` arithmetic, so the host (launch configuration, budget checks,
+//! unit tests) and the device use the same numbers; the kernel itself is
+//! its device-only children: `body` (the row's view, the chunk loop, the
+//! entries) and one module per role (`load`, `mma`, `reduce`).
 //!
 //! One CTA handles one query row `(b, s)`: it keeps `q[b,s]` (H x D) in
 //! shared memory, walks the row's `topk` slots in chunks of [`CHUNK`] slots,
 //! gathers the selected K rows of a chunk into shared memory, and runs the
 //! three products on tensor cores (`mma.sync` m16n8k16, bf16 in, f32 out).
+
+#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
+mod body;
+#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
+mod load;
+#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
+mod mma;
+#[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
+mod reduce;
 
 /// Threads per CTA of the row kernel.
 pub const GRAD_THREADS: u32 = 256;

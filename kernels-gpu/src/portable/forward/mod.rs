@@ -7,7 +7,7 @@
 //! Two kernels compute it, CTAs of [`THREADS`] threads, each walking a
 //! query row's slots in chunks of [`CHUNK`] (the portable kernel one row
 //! per CTA; the persistent wgmma kernel rows in turn, [`persistent`]):
-//! - the wgmma kernel (sm_90a, `wg`): K rows gathered by `cp.async` into
+//! - the wgmma kernel (sm_90a, `crate::sm90::forward`): K rows gathered by `cp.async` into
 //!   128-byte-swizzled shared memory one chunk ahead of use ([`DIST`]),
 //!   [`CTAS_PER_SM`] rows per SM, one
 //!   `wgmma` product `S^T = K q^T` per chunk (M = 64 slots, N = H heads,
@@ -24,26 +24,24 @@
 //! back only the stored values. Every sum runs in a fixed order, so the
 //! outputs are bitwise reproducible.
 //!
-//! This module is plain Rust shared by the kernels and the host (sizes,
-//! layouts, the launch envelope, the arithmetic the host tests check):
-//! the kernels themselves are device-only children.
+//! This module is plain Rust shared by both kernels and the host (sizes,
+//! layouts, the launch envelope, the arithmetic the host tests check);
+//! its device-only children are the portable kernel and the parts both
+//! kernels run (`load`, `softmax`).
 
 use crate::abi::{FwdParams, FLAG_FWD_DENSE, FLAG_IDS_I64, FLAG_LOCAL_IDS};
 
-// The kernels (device only): the loads, the products and the head sum, the
-// row's softmax, the two bodies, their entries.
+// The portable kernel (device only): its entries and body; the loads and
+// the row's softmax, which the wgmma kernels (`crate::sm90::forward`) use
+// too.
 #[cfg(all(target_arch = "nvptx64", not(kernels_lab)))]
 mod entry;
 #[cfg(target_arch = "nvptx64")]
-mod load;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod mma;
+pub(crate) mod load;
 #[cfg(target_arch = "nvptx64")]
 mod rows;
 #[cfg(target_arch = "nvptx64")]
-mod softmax;
-#[cfg(all(target_arch = "nvptx64", kernels_arch = "sm_90a"))]
-mod wg;
+pub(crate) mod softmax;
 
 /// Slots per chunk: the M of the wgmma product.
 pub const CHUNK: u32 = 64;

@@ -7,11 +7,10 @@
 //! descriptors in `super`).
 
 use super::ctx::Ctx;
-use super::{
-    desc, Pos, ATOM_BYTES, DIM, K_BLOCK, K_BYTES, Q_BLOCK, Q_BYTES, ROW_BYTES, SMEM, SPLIT,
-};
+use super::{Pos, DIM, K_BLOCK, K_BYTES, Q_BLOCK, Q_BYTES, SMEM, SPLIT};
 use crate::ptx::smem::SmemAddr;
 use crate::ptx::wgmma;
+use crate::sm90::{desc, ATOM_BYTES, ROW_BYTES};
 
 /// Issues S = q K^T of item `at` (K buffer `buf`, q of its row) for this
 /// warpgroup's 32 slots without waiting.

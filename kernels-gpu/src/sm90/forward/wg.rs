@@ -1,7 +1,7 @@
 //! The wgmma forward kernels' bodies (sm_90a): CTAs of one warpgroup, one
 //! per query row ([`forward`]) or taking rows in turn ([`persistent`]),
 //! walking a row's chunks with [`DIST`] gathers in flight
-//! ([`super::STAGES`], [`IDS_AHEAD`] and [`super::KEY_SETS`] below follow
+//! ([`fwd::STAGES`], [`IDS_AHEAD`] and [`fwd::KEY_SETS`] below follow
 //! from it).
 //!
 //! Iteration `it` of the walk resolves chunk `it + 1`, gathers chunk `it`
@@ -29,12 +29,11 @@
 //! branch around a collective (the product, the quad sums, the barriers)
 //! is on a CTA-uniform value.
 
-use super::load::{
-    copy_ids, copy_q, fetch_weight, gather, load_weights, resolve, store_weight, Row,
-};
+use super::load::{copy_ids, copy_q, fetch_weight, gather, resolve, store_weight};
+use crate::portable::forward::load::{load_weights, Row};
 use super::mma::{logits, my_slots, product, scaled, weights, Tile};
-use super::softmax::{rewrite, row_lse};
-use super::{exp_fast, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK};
+use crate::portable::forward::softmax::{rewrite, row_lse};
+use crate::portable::forward::{self as fwd, exp_fast, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK};
 use crate::abi::FwdParams;
 use crate::ptx::{bulk, cp_async, smem as sh, sreg, sync};
 use crate::sched::row_at;
@@ -42,7 +41,7 @@ use crate::sched::row_at;
 /// The kernel body for the shape `T`, one CTA per row (`blockIdx.x`).
 ///
 /// # Safety
-/// Launched with `super::THREADS` threads, one CTA per row (`p.rows`),
+/// Launched with `fwd::THREADS` threads, one CTA per row (`p.rows`),
 /// `T::L.bytes` of dynamic shared memory, and a `FwdParams` whose pointers
 /// and sizes the host validated for `T`.
 #[inline(always)]
@@ -80,7 +79,7 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
 /// and its slots are rewritten.
 ///
 /// # Safety
-/// Launched with `super::THREADS` threads, `T::L.bytes` of dynamic shared
+/// Launched with `fwd::THREADS` threads, `T::L.bytes` of dynamic shared
 /// memory, and a `FwdParams` whose pointers and sizes the host validated
 /// for `T`.
 #[inline(always)]
@@ -274,7 +273,7 @@ unsafe fn chunk<T: Tile>(
     }
     // SAFETY: written by the slot's resolver before a barrier passed; read
     // again only after the next barrier (the reuse rules).
-    let key = unsafe { sh::ld_u32(r.keys(c % super::KEY_SETS).add(4 * slot)) } as i32;
+    let key = unsafe { sh::ld_u32(r.keys(c % fwd::KEY_SETS).add(4 * slot)) } as i32;
     let bits = if key >= 0 {
         lse.push(x, exp_fast);
         x.to_bits()

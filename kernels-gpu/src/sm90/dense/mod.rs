@@ -1,7 +1,9 @@
-//! Dense mode's tile kernel (sm_90a, H = 64, D = 128): stage 2 of the
-//! dense indexer backward over whole key tiles, with no key ids, no
-//! gathers and no per-(row, key) dK reductions. It runs after dense stage
-//! 1 (`crate::dense`), which wrote grad_signal over `index_score`.
+//! Dense mode's kernels (sm_90a): its stage 1 (`stage1`,
+//! `indexer_dense_score_grad`), then the tile kernel (H = 64, D = 128):
+//! stage 2 of the dense indexer backward over whole key tiles, with no key
+//! ids, no gathers and no per-(row, key) dK reductions, after stage 1 wrote
+//! grad_signal over `index_score`. (Other shapes run the sparse path's
+//! wgmma kernels, `crate::sm90::bwd`, after the same stage 1.)
 //!
 //! Every CTA takes one work item (`abi::DENSE_ITEM_*`, built by the host
 //! longest first) and is warp-specialised: a producer warp (`load`) streams
@@ -40,7 +42,7 @@
 //! with their per-tile scalars (grad_signal, and the key item's weights),
 //! and the mbarriers.
 
-sm90a_modules!(ctx, entry, gate, keys, load, mma, rows, turns);
+sm90a_modules!(ctx, entry, gate, keys, load, mma, rows, stage1, turns);
 
 use crate::abi::DENSE_TILE_THREADS;
 

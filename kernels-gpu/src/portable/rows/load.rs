@@ -2,11 +2,11 @@
 //! row's score-gradient sum, then each chunk's grad_signal and key rows),
 //! and the gather of each chunk's K rows.
 
-use super::{at, Row};
+use super::body::{at, Row};
+use super::{CHUNK, GRAD_THREADS, GRAD_WARPS};
 use crate::ptx::smem;
 use crate::ptx::{cp_async, cvt, sync};
 use crate::score::{load_id, resolve, score_terms};
-use crate::tiles::{CHUNK, GRAD_THREADS, GRAD_WARPS};
 
 impl<
         const H: usize,

@@ -2,11 +2,11 @@
 //! d_weights partials), the dK staging and its bulk reductions into the
 //! f32 accumulator, and the row's d_index_q and d_weights stores.
 
-use super::{at, barrier, Barrier, Row, SLOT_TILES};
+use super::body::{at, barrier, Barrier, Row, SLOT_TILES};
+use super::{CHUNK, GRAD_THREADS, GRAD_WARPS, MMA_M, MMA_N};
 use crate::abi::FLAG_DW_F32;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cvt, sync};
-use crate::tiles::{CHUNK, GRAD_THREADS, GRAD_WARPS, MMA_M, MMA_N};
 
 impl<
         const H: usize,

@@ -12,7 +12,8 @@
 
 use super::ctx::{Ctx, HEAD_HALVES};
 use super::{CHUNK, DIM, DK_STRIDE, SMEM, SPLIT, THREADS};
-use crate::det::{self, DetTables};
+use crate::det::DetTables;
+use crate::sm90::det;
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{global, sreg, sync};
 

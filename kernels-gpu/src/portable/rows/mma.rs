@@ -2,10 +2,10 @@
 //! `ldmatrix`): S = q K^T for a warp's tile of heads x slots, dQ += dS K
 //! and dK = dS^T q for the warp's D columns.
 
-use super::{at, Row, SLOT_TILES};
+use super::body::{at, Row, SLOT_TILES};
+use super::{CHUNK, MMA_K, MMA_M, MMA_N};
 use crate::ptx::smem::SmemAddr;
 use crate::ptx::{ldmatrix, mma, sync};
-use crate::tiles::{CHUNK, MMA_K, MMA_M, MMA_N};
 
 /// "col" B operands of `NQ` consecutive 8-column n-tiles starting at column
 /// `col0` of `tile`, for reduction rows `row` (this lane's ldmatrix row:

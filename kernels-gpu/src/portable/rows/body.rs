@@ -13,31 +13,27 @@
 //! grad_signal is taken in a fixed order inside one CTA, so those outputs
 //! are bitwise reproducible; only `d_index_k` uses atomics.
 
-mod load;
-mod mma;
-mod reduce;
-
+use super::{RowSmem, CHUNK, DK_PAD, GRAD_WARPS, MMA_M, MMA_N, ROW_PAD};
 use crate::abi::{GradParams, FLAG_LOG_SCORE};
 use crate::ptx::smem::{self, SmemAddr};
 use crate::ptx::{bulk, cp_async, sreg, sync};
-use crate::tiles::{RowSmem, CHUNK, DK_PAD, GRAD_WARPS, MMA_M, MMA_N, ROW_PAD};
 
 /// Byte address of bf16 element `(r, col)` of a shared tile with `cols`
 /// logical columns (rows padded by [`ROW_PAD`]).
 #[inline(always)]
-fn at(tile: SmemAddr, cols: u32, r: u32, col: u32) -> SmemAddr {
+pub(super) fn at(tile: SmemAddr, cols: u32, r: u32, col: u32) -> SmemAddr {
     tile.add((r * (cols + ROW_PAD) + col) * 2)
 }
 
 /// dK accumulator tiles of a chunk: its slots in m-tiles.
-const SLOT_TILES: usize = (CHUNK / MMA_M) as usize;
+pub(super) const SLOT_TILES: usize = (CHUNK / MMA_M) as usize;
 
 /// One CTA's view of its query row for `H` heads and head dimension `D`
 /// (`MT = H / 16` m-tiles of heads, `NQ = D / 64` n-tiles of D columns per
 /// warp; the S tiling: `SHG` head groups x `GRAD_WARPS / SHG` slot groups,
 /// a warp owning `SMT` m-tiles of heads and `SHG` n-tiles of 8 slots):
 /// the shared tiles, this thread's coordinates and the row's tensors.
-struct Row<
+pub(super) struct Row<
     'a,
     const H: usize,
     const D: usize,
@@ -46,41 +42,41 @@ struct Row<
     const SHG: usize,
     const SMT: usize,
 > {
-    p: &'a GradParams,
+    pub(super) p: &'a GradParams,
     /// Shared tiles: q, the two K buffers, dS, per-slot grad_signal and
     /// key rows (two sets each), weights, the cross-warp sums, dK staging.
-    sq: SmemAddr,
-    sk: SmemAddr,
-    sds: SmemAddr,
-    sgs: SmemAddr,
-    srows: SmemAddr,
-    sw: SmemAddr,
-    sred: SmemAddr,
-    sdk: SmemAddr,
+    pub(super) sq: SmemAddr,
+    pub(super) sk: SmemAddr,
+    pub(super) sds: SmemAddr,
+    pub(super) sgs: SmemAddr,
+    pub(super) srows: SmemAddr,
+    pub(super) sw: SmemAddr,
+    pub(super) sred: SmemAddr,
+    pub(super) sdk: SmemAddr,
     /// Bytes per staged dK row.
-    dk_stride: u32,
-    tid: u32,
-    warp: u32,
-    lane: u32,
+    pub(super) dk_stride: u32,
+    pub(super) tid: u32,
+    pub(super) warp: u32,
+    pub(super) lane: u32,
     /// `mma.sync` fragment coordinates: group `lane / 4`, column pair
     /// `2 * (lane % 4)`.
-    g: u32,
-    c: u32,
+    pub(super) g: u32,
+    pub(super) c: u32,
     /// `ldmatrix` addressing: lane gives row `lj` of 8x8 matrix `li`.
-    li: u32,
-    lj: u32,
+    pub(super) li: u32,
+    pub(super) lj: u32,
     /// The query row (`B * S_q` of them), its batch and first slot.
-    row: u32,
-    b: u32,
-    row_slots: usize,
-    topk: usize,
-    log: bool,
-    sm_scale: f32,
+    pub(super) row: u32,
+    pub(super) b: u32,
+    pub(super) row_slots: usize,
+    pub(super) topk: usize,
+    pub(super) log: bool,
+    pub(super) sm_scale: f32,
     /// This warp's first head and first slot in S, its D columns for dQ
     /// and dK.
-    h_base: u32,
-    s_base: u32,
-    dbase: u32,
+    pub(super) h_base: u32,
+    pub(super) s_base: u32,
+    pub(super) dbase: u32,
 }
 
 impl<
@@ -93,10 +89,10 @@ impl<
         const SMT: usize,
     > Row<'a, H, D, MT, NQ, SHG, SMT>
 {
-    const H_U: u32 = H as u32;
-    const D_U: u32 = D as u32;
+    pub(super) const H_U: u32 = H as u32;
+    pub(super) const D_U: u32 = D as u32;
     /// 16-byte vectors per bf16 row of D.
-    const VEC_PER_ROW: u32 = Self::D_U / 8;
+    pub(super) const VEC_PER_ROW: u32 = Self::D_U / 8;
 
     #[inline(always)]
     fn new(p: &'a GradParams) -> Self {
@@ -157,7 +153,7 @@ impl<
 
     /// K buffer `set`.
     #[inline(always)]
-    fn k_buf(&self, set: u32) -> SmemAddr {
+    pub(super) fn k_buf(&self, set: u32) -> SmemAddr {
         self.sk.add(set * RowSmem::k_bytes(Self::D_U))
     }
 }

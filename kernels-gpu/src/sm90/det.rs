@@ -1,11 +1,12 @@
-//! The deterministic mode's passes (device only): `det_bounds`,
+//! The deterministic mode's passes (sm_90a, device only): `det_bounds`,
 //! `det_key_sums`, `det_scales`, `det_finish`, and the element addition
-//! the gradient kernels' deterministic twins call ([`add_pair`]). The order of the passes
-//! and why they suffice: the parent module's note.
+//! the gradient kernels' deterministic twins call ([`add_pair`]). The
+//! order of the passes and why they suffice: `crate::det`, whose
+//! fixed-point math they run.
 
-use super::DetTables;
-use super::{finish, floor_exp, key_exp, magic_int, pack_pair, pow2_f32, quant_units};
-use super::{join_units, slot_bound, special_bit, split_units, unpack_pair, ROUND_MAGIC};
+use crate::det::DetTables;
+use crate::det::{finish, floor_exp, key_exp, magic_int, pack_pair, pow2_f32, quant_units};
+use crate::det::{join_units, slot_bound, special_bit, split_units, unpack_pair, ROUND_MAGIC};
 use crate::abi::{DetParams, GradParams, DET_KEY_SUM_THREADS, DET_THREADS, FLAG_LOCAL_IDS};
 use crate::ptx::{arith, cvt, global, smem, sreg, sync};
 use crate::score::{ids_i64, narrow_id, resolve};
@@ -278,7 +279,7 @@ unsafe fn largest_bound<const I64: bool>(p: &GradParams, row: u32, r: f32) -> u3
 
 /// Each key row's sum of its slots' bounds in units of
 /// `2^(E - QUANT_BITS)` (`E` the exponent of the largest bound), rounded
-/// up (`key_sum`). CTA `c` ([`super::KeySumGrid`]) bins the slots of
+/// up (`key_sum`). CTA `c` ([`crate::det::KeySumGrid`]) bins the slots of
 /// query rows `(c / windows) * rows ..` whose keys fall in window `c %
 /// windows` in shared memory, two u32 per key row ([`split_units`]:
 /// shared memory's 64-bit addition is a compare-and-swap loop), then adds
@@ -287,7 +288,7 @@ unsafe fn largest_bound<const I64: bool>(p: &GradParams, row: u32, r: f32) -> u3
 /// result is the same).
 ///
 /// # Safety
-/// The grid of [`super::key_sum_grid`] for this call (`p.rows`,
+/// The grid of [`crate::det::key_sum_grid`] for this call (`p.rows`,
 /// `p.window`), [`DET_KEY_SUM_THREADS`] threads, `8 * p.window` bytes of
 /// dynamic shared memory; after `det_bounds`; `key_sum` zeroed before.
 #[no_mangle]
@@ -416,7 +417,7 @@ pub unsafe extern "ptx-kernel" fn det_scales(p: DetParams) {
 
 /// `d_index_k` from the fixed-point accumulator (two elements per u64
 /// word, [`unpack_pair`]), the exponents and the flags
-/// (`super::finish`), four elements per thread and step, f32 or
+/// (`crate::det::finish`), four elements per thread and step, f32 or
 /// bf16 ([`DetParams::out_bf16`]). Grid-stride over `B*S_k*D / 4`.
 ///
 /// # Safety
