@@ -122,58 +122,12 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
     // into the same key row at the same moment, and those reductions
     // serialize.
     let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
-    let slot_at = |i: u32| warp * ROWS_PER_WARP + (i ^ x);
+    let slot_at = |i: u32| slot_of(warp, x, i);
     if SPLIT {
-        // Fused (H = 128): as below, a call on the other half's group of
-        // four slots has nothing to do.
-        if PAIRED && fused.is_some() && lo < hi && !fused_reducer(fused, lo ^ x, half) {
-            return;
-        }
-        // D = 64 (row kernels, and H = 128, whose items are all fused):
-        // half-warp `lane / 16` takes row `i + lane / 16` of each pair
-        // (`lo`, `hi` even; the XOR maps pairs to pairs), 16 lanes x 16
-        // bytes a row. Fused: from the computing half's staging.
-        let (sdk, sred_rows) = match fused {
-            Some(comp) if PAIRED => (
-                c.half_base(comp).add(l.dk),
-                c.half_base(comp).add(l.red_rows),
-            ),
-            _ => (sdk, sred_rows),
-        };
-        let (sub, col) = (lane / 16, lane % 16);
-        let mut i = lo;
-        while i < hi {
-            let slot = slot_at(i + sub);
-            // SAFETY: the whole warp (`i` is warp-uniform), before the
-            // lane-dependent branch below.
-            let scale = if DET {
-                unsafe { sync::shfl_idx_f32(scales, i + sub) }
-            } else {
-                0.0
-            };
-            // SAFETY: as below: the staged row and its key row are
-            // complete (barrier M); a valid key row lies inside the
-            // (B*S_k, D) accumulator, 16-byte aligned.
-            unsafe {
-                let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
-                let dv = if DET {
-                    det_vals::<16>(sdk.add(slot * DK_STRIDE), None, col)
-                } else {
-                    DET_NONE
-                };
-                if r >= 0 {
-                    if DET {
-                        det_add::<16>(det, dk, dv, r as usize, col, scale);
-                    } else {
-                        let v = smem::ld_v4_f32(sdk.add(slot * DK_STRIDE + col * 16));
-                        global::red_add_v4_f32(dk.add(r as usize * D + col as usize * 4), v);
-                    }
-                }
-            }
-            i += 2;
-        }
+        half_warp_rows::<PAIRED, HALF, DET>(c, det, scales, lo, hi, fused, x);
         return;
     }
+    // D = 128: a warp instruction per staged row, 16 bytes a lane.
     // Fused: a half reduces the slots of its groups of four, and the
     // calls cover whole groups (RED_FIRST is 0, 4 or 8), so a call on
     // the other half's group has nothing to do.
@@ -290,6 +244,76 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
                 global::red_add_v4_f32(dk.add(r as usize * D + lane as usize * 4), v);
             }
         }
+    }
+}
+
+/// The slot of this warp's staged row `i` in the CTA's order `x`
+/// ([`reduce_rows`]).
+#[inline(always)]
+fn slot_of(warp: u32, x: u32, i: u32) -> u32 {
+    warp * ROWS_PER_WARP + (i ^ x)
+}
+
+/// [`reduce_rows`] for D = 64 (`SPLIT`: the row kernels, and H = 128,
+/// whose items are all fused): half-warp `lane / 16` takes row
+/// `i + lane / 16` of each pair (`lo`, `hi` even; the XOR maps pairs to
+/// pairs), 16 lanes x 16 bytes a row. Fused: from the computing half's
+/// staging.
+#[inline(always)]
+fn half_warp_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
+    c: &Ctx<'_, PAIRED, HALF>,
+    det: DetTables,
+    scales: f32,
+    lo: u32,
+    hi: u32,
+    fused: Option<u32>,
+    x: u32,
+) {
+    const D: usize = DIM as usize;
+    let (l, warp, lane, dk) = (SMEM, c.warp, c.lane, c.dk);
+    // Fused (H = 128): as on the D = 128 path, a call on the other half's
+    // group of four slots has nothing to do.
+    if PAIRED && fused.is_some() && lo < hi && !fused_reducer(fused, lo ^ x, HALF) {
+        return;
+    }
+    let (sdk, sred_rows) = match fused {
+        Some(comp) if PAIRED => (
+            c.half_base(comp).add(l.dk),
+            c.half_base(comp).add(l.red_rows),
+        ),
+        _ => (c.sdk, c.sred_rows),
+    };
+    let (sub, col) = (lane / 16, lane % 16);
+    let mut i = lo;
+    while i < hi {
+        let slot = slot_of(warp, x, i + sub);
+        // SAFETY: the whole warp (`i` is warp-uniform), before the
+        // lane-dependent branch below.
+        let scale = if DET {
+            unsafe { sync::shfl_idx_f32(scales, i + sub) }
+        } else {
+            0.0
+        };
+        // SAFETY: as on the D = 128 path: the staged row and its key row are
+        // complete (barrier M); a valid key row lies inside the (B*S_k, D)
+        // accumulator, 16-byte aligned.
+        unsafe {
+            let r = smem::ld_u32(sred_rows.add(4 * slot)) as i32;
+            let dv = if DET {
+                det_vals::<16>(sdk.add(slot * DK_STRIDE), None, col)
+            } else {
+                DET_NONE
+            };
+            if r >= 0 {
+                if DET {
+                    det_add::<16>(det, dk, dv, r as usize, col, scale);
+                } else {
+                    let v = smem::ld_v4_f32(sdk.add(slot * DK_STRIDE + col * 16));
+                    global::red_add_v4_f32(dk.add(r as usize * D + col as usize * 4), v);
+                }
+            }
+        }
+        i += 2;
     }
 }
 
