@@ -122,7 +122,7 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
     // into the same key row at the same moment, and those reductions
     // serialize.
     let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
-    let slot_at = |i: u32| slot_of(warp, x, i);
+    let slot_at = |i: u32| staged_slot(warp, x, i);
     if SPLIT {
         half_warp_rows::<PAIRED, HALF, DET>(c, det, scales, lo, hi, fused, x);
         return;
@@ -247,10 +247,10 @@ pub(super) fn reduce_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
     }
 }
 
-/// The slot of this warp's staged row `i` in the CTA's order `x`
-/// ([`reduce_rows`]).
+/// The slot of this warp's staged row `i` (of its [`ROWS_PER_WARP`]) in
+/// the CTA's order `x = cta % ROWS_PER_WARP` ([`reduce_rows`]).
 #[inline(always)]
-fn slot_of(warp: u32, x: u32, i: u32) -> u32 {
+fn staged_slot(warp: u32, x: u32, i: u32) -> u32 {
     warp * ROWS_PER_WARP + (i ^ x)
 }
 
@@ -286,7 +286,7 @@ fn half_warp_rows<const PAIRED: bool, const HALF: u32, const DET: bool>(
     let (sub, col) = (lane / 16, lane % 16);
     let mut i = lo;
     while i < hi {
-        let slot = slot_of(warp, x, i + sub);
+        let slot = staged_slot(warp, x, i + sub);
         // SAFETY: the whole warp (`i` is warp-uniform), before the
         // lane-dependent branch below.
         let scale = if DET {
@@ -437,7 +437,7 @@ pub(super) unsafe fn lane_scale<const PAIRED: bool, const HALF: u32>(
     det: DetTables,
 ) -> f32 {
     let x = sreg::block_idx_x_here() % ROWS_PER_WARP;
-    let slot = c.warp * ROWS_PER_WARP + ((c.lane % ROWS_PER_WARP) ^ x);
+    let slot = staged_slot(c.warp, x, c.lane % ROWS_PER_WARP);
     // SAFETY: the caller's contract; a valid key row is a row of the
     // exponent table.
     unsafe {
