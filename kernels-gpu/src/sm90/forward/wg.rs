@@ -33,8 +33,10 @@ use super::load::{copy_ids, copy_q, fetch_weight, gather, resolve, store_weight}
 use crate::portable::forward::load::{load_weights, Row};
 use super::mma::{logits, my_slots, product, scaled, weights, Tile};
 use crate::portable::forward::softmax::{rewrite, row_lse};
-use crate::portable::forward::{self as fwd, exp_fast, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK};
-use crate::abi::FwdParams;
+use crate::portable::forward::{
+    self as fwd, exp_fast, output, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK,
+};
+use crate::abi::{FwdParams, FLAG_LOG_SCORE};
 use crate::ptx::{bulk, cp_async, smem as sh, sreg, sync};
 use crate::sched::row_at;
 
@@ -62,7 +64,7 @@ pub(super) unsafe fn forward<T: Tile>(p: &FwdParams) {
     }
     cp_async::commit_group();
     // SAFETY: the prologue's group and the weights issued, nothing else.
-    let lse = unsafe { walk::<T>(&r) };
+    let (lse, _) = unsafe { walk::<T>(&r, false) };
     // SAFETY: every thread, uniform control flow.
     unsafe {
         let v = row_lse(&r, lse);
@@ -97,13 +99,16 @@ pub(super) unsafe fn persistent<T: Tile>(p: &FwdParams) {
         prologue(&r, T::H);
         store_weight(&r, T::H, w);
     }
+    // Rows of at most KEPT chunks (every row the host gives this kernel)
+    // keep their slots in registers until the row's end.
+    let keep = p.cols <= fwd::PERSISTENT_MAX_COLS;
     // `row` is CTA-uniform: every branch on it is.
     while row < p.rows {
         // SAFETY: row < p.rows.
         let r = unsafe { here(Row::new(p, row, T::D, T::L)) };
         // SAFETY: the row's prologue loads were issued (above, or by the
         // previous row's end), and nothing else is in flight.
-        let lse = unsafe { walk::<T>(&r) };
+        let (lse, kept) = unsafe { walk::<T>(&r, keep) };
         k += 1;
         let next = row_at(ctas, cta, k);
         // Every thread's last product (the q tile's and the K buffers'
@@ -120,11 +125,16 @@ pub(super) unsafe fn persistent<T: Tile>(p: &FwdParams) {
             prologue(&n, T::H);
             (n, w)
         });
-        // SAFETY: every thread, uniform control flow; the row end uses
-        // only the `lse` region and global memory.
+        // SAFETY: every thread, uniform control flow (`keep` is
+        // launch-uniform); the row end uses only the `lse` region and
+        // global memory.
         unsafe {
             let v = row_lse(&r, lse);
-            rewrite(&r, v);
+            if keep {
+                rewrite_kept(&r, v, &kept);
+            } else {
+                rewrite(&r, v);
+            }
         }
         if let Some((n, w)) = ahead {
             // SAFETY: nothing reads the weights region before the next
@@ -168,13 +178,15 @@ unsafe fn prologue(r: &Row<'_>, h: u32) {
 }
 
 /// One row's walk over its chunks after its [`prologue`]: returns this
-/// thread's running normaliser of the row's logits.
+/// thread's running normaliser of the row's logits and, with `keep`, the
+/// slots it would have stored (see [`chunk`]).
 ///
 /// # Safety
 /// Every thread, uniform control flow; the row's prologue group and its
-/// weights store issued, no other copy in flight.
+/// weights store issued, no other copy in flight; `keep` CTA-uniform and
+/// only for rows of at most [`KEPT`] chunks.
 #[inline(always)]
-unsafe fn walk<T: Tile>(r: &Row<'_>) -> Lse {
+unsafe fn walk<T: Tile>(r: &Row<'_>, keep: bool) -> (Lse, Kept) {
     let n = r.chunks();
     cp_async::wait_all();
     // SAFETY: this thread's ids of chunk 0 are complete (waited).
@@ -189,6 +201,7 @@ unsafe fn walk<T: Tile>(r: &Row<'_>) -> Lse {
     let w = if fast { scaled(w, r.p.sm_scale) } else { w };
 
     let mut lse = Lse::EMPTY;
+    let mut kept = Kept([PAD_MARK; KEPT]);
     // Bit `c % 8`: chunk c holds a valid slot (set at its resolution).
     let mut live = (first > 0) as u32;
     let mut it = 0;
@@ -221,23 +234,89 @@ unsafe fn walk<T: Tile>(r: &Row<'_>) -> Lse {
         cp_async::commit_group();
         if it >= DIST {
             let c = it - DIST;
+            let live = live & (1 << (c % 8)) != 0;
             // SAFETY: whole warpgroup, `live` CTA-uniform; chunk c's K
             // rows and the q tile complete, fenced, behind the barrier.
-            unsafe { chunk::<T>(r, c, live & (1 << (c % 8)) != 0, &w, fast, &mut lse) };
+            let out = if keep { Some(&mut kept) } else { None };
+            unsafe { chunk::<T>(r, c, live, &w, fast, &mut lse, out) };
         }
         it += 1;
     }
-    lse
+    (lse, kept)
+}
+
+/// Chunks a row of the persistent kernel keeps in registers instead of
+/// storing its slots before the row's end: every chunk of a row of at most
+/// `fwd::PERSISTENT_MAX_COLS` slots.
+const KEPT: usize = (fwd::PERSISTENT_MAX_COLS / CHUNK) as usize;
+
+/// A thread's slot of each of a row's first [`KEPT`] chunks (lanes 0 and
+/// 1 of each quad own one slot a chunk, [`my_slots`]): the logit's bits,
+/// or [`PAD_MARK`].
+#[derive(Clone, Copy)]
+struct Kept([u32; KEPT]);
+
+impl Kept {
+    /// Sets chunk `c`'s slot (`c < KEPT`) by selects, not an index: a
+    /// dynamic index would put the array in local memory.
+    #[inline(always)]
+    fn set(&mut self, c: u32, bits: u32) {
+        for (j, v) in self.0.iter_mut().enumerate() {
+            if c == j as u32 {
+                *v = bits;
+            }
+        }
+    }
+}
+
+/// The row's end after [`walk`] with `keep`: thread 0 writes the row's
+/// log-sum-exp `lse`, and each slot's owner writes its probability or
+/// log-probability (padding 0 or `-inf`) from [`Kept`], once: nothing of
+/// the row was stored before.
+///
+/// # Safety
+/// The launch contract; `kept` from this thread's walk of row `r` (of at
+/// most [`KEPT`] chunks).
+#[inline(always)]
+unsafe fn rewrite_kept(r: &Row<'_>, lse: f32, kept: &Kept) {
+    let p = r.p;
+    if r.tid == 0 {
+        // SAFETY: one f32 per row.
+        unsafe { *(p.lse as *mut f32).add(r.row as usize) = lse };
+    }
+    let lane = r.tid % 4;
+    if lane >= 2 {
+        return;
+    }
+    let log = p.flags & FLAG_LOG_SCORE != 0;
+    let slots = my_slots(r.tid);
+    let slot = if lane == 0 { slots[0] } else { slots[1] };
+    for (c, &bits) in kept.0.iter().enumerate() {
+        let s = c as u32 * CHUNK + slot;
+        if s < p.cols {
+            let out = output(
+                bits != PAD_MARK,
+                f32::from_bits(bits),
+                lse,
+                false,
+                log,
+                exp_fast,
+            );
+            // SAFETY: a slot of the row (below cols).
+            unsafe { *(p.score as *mut u32).add(r.flat(s)) = out.to_bits() };
+        }
+    }
 }
 
 /// Chunk `c`: its product and its slots' logits when `live` (some slot
 /// valid; `w` and `fast` as [`logits`] takes them), then every slot's
 /// store: lanes 0 and 1 of each quad the quad's two slots, a valid slot's
-/// logit (added to `lse`) or [`PAD_MARK`].
+/// logit (added to `lse`) or [`PAD_MARK`], into the row's outputs or, with
+/// `kept`, into this thread's [`Kept`].
 ///
 /// # Safety
-/// As the call in [`forward`]; `live` and `fast` are the same in every
-/// thread.
+/// As the call in [`walk`]; `live`, `fast` and whether `kept` is given are
+/// the same in every thread; with `kept`, `c < KEPT`.
 #[inline(always)]
 unsafe fn chunk<T: Tile>(
     r: &Row<'_>,
@@ -246,6 +325,7 @@ unsafe fn chunk<T: Tile>(
     w: &[f32; 32],
     fast: bool,
     lse: &mut Lse,
+    kept: Option<&mut Kept>,
 ) {
     let l = if live {
         // SAFETY: forwarded (uniform branches).
@@ -280,6 +360,9 @@ unsafe fn chunk<T: Tile>(
     } else {
         PAD_MARK
     };
-    // SAFETY: a slot of the row (below cols).
-    unsafe { *(r.p.score as *mut u32).add(r.flat(c * CHUNK + slot)) = bits };
+    match kept {
+        Some(k) => k.set(c, bits),
+        // SAFETY: a slot of the row (below cols).
+        None => unsafe { *(r.p.score as *mut u32).add(r.flat(c * CHUNK + slot)) = bits },
+    }
 }
