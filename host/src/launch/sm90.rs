@@ -237,11 +237,15 @@ impl Wgmma {
     /// As [`Wgmma::launch`]; `run.params.dk_accum` is the start of a
     /// workspace of `det.layout`'s bytes, `out` the checked `d_index_k`.
     unsafe fn launch_det(&self, run: &Run<'_>, det: &DetKernels, out: DetOut) -> Result<()> {
-        // SAFETY: stage 1 as in `launch`; the rest forwarded.
+        // SAFETY: the key tables inside the checked workspace, zeroed
+        // before stage 1 so that `det_bounds` follows stage 1 directly as
+        // its programmatic dependent; stage 1 as in `launch`; the rest
+        // forwarded.
         unsafe {
+            zero_key_tables(run.stream, &det.layout, run.params.dk_accum)?;
             launch_stage1(run.stream, &self.stage1, run.shape, &run.params)?;
             run.mark(|e| &e.zeroed)?;
-            self.det_passes(run.stream, run.shape, det, run.params, out)?;
+            self.det_passes(run.stream, run.shape, det, run.params, out, false)?;
         }
         run.mark(|e| &e.gradients)
     }
@@ -271,13 +275,18 @@ impl Wgmma {
             });
         };
         // SAFETY: forwarded.
-        unsafe { self.det_passes(stream, shape, det, p, out) }
+        unsafe { self.det_passes(stream, shape, det, p, out, true) }
     }
 
-    /// The passes of [`Wgmma::launch_det_stage2`].
+    /// The passes of [`Wgmma::launch_det_stage2`], each as the
+    /// programmatic dependent of the launch before it (every pass waits
+    /// before it reads what an earlier one wrote); `zero_tables` zeroes
+    /// the key tables first, where the caller has not (the first pass then
+    /// follows a memset, not stage 1, and starts after it).
     ///
     /// # Safety
-    /// As [`Wgmma::launch_det_stage2`], `det` this plan's.
+    /// As [`Wgmma::launch_det_stage2`], `det` this plan's; without
+    /// `zero_tables`, the key tables were zeroed before stage 1.
     unsafe fn det_passes(
         &self,
         stream: &CudaStream,
@@ -285,6 +294,7 @@ impl Wgmma {
         det: &DetKernels,
         p: GradParams,
         out: DetOut,
+        zero_tables: bool,
     ) -> Result<()> {
         let l = &det.layout;
         let ws = p.dk_accum;
@@ -306,15 +316,19 @@ impl Wgmma {
         // launch contract (`kernels_gpu::det`): `det_bounds` one CTA of
         // DET_THREADS per row with DET_SMEM bytes, `det_key_sums` the
         // grid of `key_grid` (from this shape) with its bins, the
-        // grid-stride passes
-        // any grid of DET_THREADS; ordinary launches, each after the one
-        // before; the twins as the wgmma kernels (`launch_pair_then_row`).
+        // grid-stride passes any grid of DET_THREADS; each a programmatic
+        // dependent of the launch before it, and each executes
+        // griddepcontrol.wait before it reads what an earlier launch
+        // writes (`sm90::det`); the twins as the wgmma kernels
+        // (`launch_pair_then_row`).
         unsafe {
-            gpu::memset_zero(stream, ws + l.key_sum, (l.key_exp - l.key_sum) as usize)?;
-            gpu::launch(stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
+            if zero_tables {
+                zero_key_tables(stream, l, ws)?;
+            }
+            gpu::launch_pdl(stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
             let g = &det.key_grid;
             let bins = g.smem_bytes();
-            gpu::launch(
+            gpu::launch_pdl(
                 stream,
                 &det.key_sums,
                 g.ctas,
@@ -322,7 +336,7 @@ impl Wgmma {
                 bins,
                 &dp,
             )?;
-            gpu::launch(stream, &det.scales, det.stride_grid, DET_THREADS, 0, &dp)?;
+            gpu::launch_pdl(stream, &det.scales, det.stride_grid, DET_THREADS, 0, &dp)?;
             let pair = det
                 .pair
                 .as_ref()
@@ -331,7 +345,18 @@ impl Wgmma {
             self.launch_pair_then_row(stream, pair, &det.row, dp, |p| {
                 p.grad.flags |= FLAG_PAIR_DISPATCH
             })?;
-            gpu::launch(stream, &det.finish, det.stride_grid, DET_THREADS, 0, &dp)
+            gpu::launch_pdl(stream, &det.finish, det.stride_grid, DET_THREADS, 0, &dp)
         }
     }
+}
+
+/// Zeroes deterministic mode's key tables (bound sums, the largest bound,
+/// the non-finite flags) in the workspace at `ws` of layout `l`.
+///
+/// # Safety
+/// `ws` is the start of a workspace of at least `l.bytes`, not in use by
+/// earlier work on `stream` that this call must not disturb.
+unsafe fn zero_key_tables(stream: &CudaStream, l: &DetLayout, ws: u64) -> Result<()> {
+    // SAFETY: the caller's contract; key_sum..key_exp lies inside l.bytes.
+    unsafe { gpu::memset_zero(stream, ws + l.key_sum, (l.key_exp - l.key_sum) as usize) }
 }

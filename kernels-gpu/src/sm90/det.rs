@@ -8,7 +8,7 @@ use crate::det::DetTables;
 use crate::det::{finish, floor_exp, key_exp, magic_int, pack_pair, pow2_f32, quant_units};
 use crate::det::{join_units, slot_bound, special_bit, split_units, unpack_pair, ROUND_MAGIC};
 use crate::abi::{DetParams, GradParams, DET_KEY_SUM_THREADS, DET_THREADS, FLAG_LOCAL_IDS};
-use crate::ptx::{arith, cvt, global, smem, sreg, sync};
+use crate::ptx::{arith, cvt, global, griddep, smem, sreg, sync};
 use crate::score::{ids_i64, narrow_id, resolve};
 use core::ops::Range;
 
@@ -208,22 +208,32 @@ unsafe fn next_slots<const I64: bool>(p: &GradParams, walk: &mut SlotWalk) -> Sl
 /// Each query row's factor (`row_bound`), and the largest slot
 /// bound of the call (`bound_max`: a maximum per CTA, then one integer
 /// maximum of the bits of non-negative f32). One CTA of [`DET_THREADS`]
-/// per query row.
+/// per query row. Launched as stage 1's programmatic dependent: the row
+/// factor reads only `index_q` and `weights`, which stage 1 does not
+/// write, so it runs before the wait for stage 1's grad_signal.
 ///
 /// # Safety
 /// `B*S_q` CTAs, [`crate::registry::DET_SMEM`] bytes of dynamic shared
-/// memory; after stage 1 (the grad_signal in `attn_score`), `bound_max`
-/// zeroed before; `p.grad` validated by the host.
+/// memory; after stage 1 (the grad_signal in `attn_score`; as its
+/// programmatic dependent or after it), `bound_max` zeroed before stage
+/// 1; `p.grad` validated by the host.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn det_bounds(p: DetParams) {
+    // The key sums may be scheduled from now on; their wait still waits
+    // for this whole grid.
+    // SAFETY: a scheduling hint.
+    unsafe { griddep::launch_dependents() };
     let row = sreg::block_idx_x();
     let tid = sreg::thread_idx_x();
     // SAFETY: every thread of the CTA, one row.
     let r = unsafe { row_factor(&p, row) };
     if tid == 0 {
-        // SAFETY: row < B*S_q: inside row_bound.
+        // SAFETY: row < B*S_q: inside row_bound, which no earlier kernel
+        // of the call touches.
         unsafe { *(p.row_bound as *mut f32).add(row as usize) = r };
     }
+    // SAFETY: waits for stage 1 (grad_signal) before the slots are read.
+    unsafe { griddep::wait() };
     // SAFETY: the kernel's contract; the flag is launch-uniform.
     let largest = unsafe {
         if ids_i64(&p.grad) {
@@ -290,9 +300,12 @@ unsafe fn largest_bound<const I64: bool>(p: &GradParams, row: u32, r: f32) -> u3
 /// # Safety
 /// The grid of [`crate::det::key_sum_grid`] for this call (`p.rows`,
 /// `p.window`), [`DET_KEY_SUM_THREADS`] threads, `8 * p.window` bytes of
-/// dynamic shared memory; after `det_bounds`; `key_sum` zeroed before.
+/// dynamic shared memory; after `det_bounds` (as its programmatic
+/// dependent or after it); `key_sum` zeroed before.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
+    // SAFETY: a scheduling hint (the exponents wait for this whole grid).
+    unsafe { griddep::launch_dependents() };
     let g = &p.grad;
     let tid = sreg::thread_idx_x();
     let keys = g.batch * g.seq_k;
@@ -315,6 +328,9 @@ pub unsafe extern "ptx-kernel" fn det_key_sums(p: DetParams) {
         }
         sync::bar_sync();
     }
+    // SAFETY: waits for `det_bounds` (row factors, largest bound) and,
+    // through it, stage 1 (grad_signal) before the slots are read.
+    unsafe { griddep::wait() };
     // SAFETY: the kernel's contract; the flag is launch-uniform.
     unsafe {
         if ids_i64(g) {
@@ -396,9 +412,17 @@ unsafe fn bin_slots<const I64: bool>(p: &DetParams, rows: Range<u32>, k0: u32, w
 /// the call's largest bound. Grid-stride over the `B*S_k` key rows.
 ///
 /// # Safety
-/// After `det_key_sums`; any grid of [`DET_THREADS`].
+/// After `det_key_sums` (as its programmatic dependent or after it); any
+/// grid of [`DET_THREADS`].
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn det_scales(p: DetParams) {
+    // The twins may be scheduled from now on: their prologue reads only
+    // inputs, and their wait (before any exponent is read) still waits for
+    // this whole grid.
+    // SAFETY: a scheduling hint.
+    unsafe { griddep::launch_dependents() };
+    // SAFETY: waits for the key sums.
+    unsafe { griddep::wait() };
     let n = p.grad.batch as usize * p.grad.seq_k as usize;
     let stride = (sreg::grid_dim_x() * DET_THREADS) as usize;
     let mut k = (sreg::block_idx_x() * DET_THREADS + sreg::thread_idx_x()) as usize;
@@ -421,11 +445,13 @@ pub unsafe extern "ptx-kernel" fn det_scales(p: DetParams) {
 /// bf16 ([`DetParams::out_bf16`]). Grid-stride over `B*S_k*D / 4`.
 ///
 /// # Safety
-/// After the gradient kernel's deterministic twin; any grid of
-/// [`DET_THREADS`]; `d_index_k` 8-byte aligned (16 for f32), D a multiple
-/// of 4.
+/// After the gradient kernel's deterministic twin (as its programmatic
+/// dependent or after it); any grid of [`DET_THREADS`]; `d_index_k`
+/// 8-byte aligned (16 for f32), D a multiple of 4.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn det_finish(p: DetParams) {
+    // SAFETY: waits for the twin's accumulator, flags and exponents.
+    unsafe { griddep::wait() };
     let dim = p.dim as usize;
     let quads = p.grad.batch as usize * p.grad.seq_k as usize * dim / 4;
     let stride = (sreg::grid_dim_x() * DET_THREADS) as usize;
