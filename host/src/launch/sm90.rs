@@ -253,8 +253,9 @@ impl Wgmma {
     /// Deterministic mode after a stage 1 (this path's, or dense mode's,
     /// which zeroes the same accumulator): the memset of the key tables,
     /// the bounds and their sums per key row, the exponents, the twins of
-    /// the wgmma kernels, and the finish into `out`, all ordinary launches
-    /// but the twins. `shape` is this plan's; fails with
+    /// the wgmma kernels, and the finish into `out`, each pass the
+    /// programmatic dependent of the launch before it. `shape` is this
+    /// plan's; fails with
     /// [`crate::Error::NotImplemented`] when the plan was built without
     /// the deterministic kernels.
     ///
