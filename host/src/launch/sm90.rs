@@ -250,8 +250,8 @@ impl Wgmma {
         run.mark(|e| &e.gradients)
     }
 
-    /// Deterministic mode after a stage 1 (this path's, or dense mode's,
-    /// which zeroes the same accumulator): the memset of the key tables,
+    /// Deterministic mode after dense mode's stage 1 (which zeroes the
+    /// same accumulator): the memset of the key tables,
     /// the bounds and their sums per key row, the exponents, the twins of
     /// the wgmma kernels, and the finish into `out`, each pass the
     /// programmatic dependent of the launch before it. `shape` is this
