@@ -245,7 +245,7 @@ impl Wgmma {
             zero_key_tables(run.stream, &det.layout, run.params.dk_accum)?;
             launch_stage1(run.stream, &self.stage1, run.shape, &run.params)?;
             run.mark(|e| &e.zeroed)?;
-            self.det_passes(run.stream, run.shape, det, run.params, out, false)?;
+            self.det_passes(run.stream, run.shape, det, run.params, out)?;
         }
         run.mark(|e| &e.gradients)
     }
@@ -275,19 +275,23 @@ impl Wgmma {
                 what: "deterministic mode on a plan built without it",
             });
         };
-        // SAFETY: forwarded.
-        unsafe { self.det_passes(stream, shape, det, p, out, true) }
+        // SAFETY: the key tables inside the checked workspace (the passes
+        // follow this memset, not stage 1, and start after it); the rest
+        // forwarded.
+        unsafe {
+            zero_key_tables(stream, &det.layout, p.dk_accum)?;
+            self.det_passes(stream, shape, det, p, out)
+        }
     }
 
     /// The passes of [`Wgmma::launch_det_stage2`], each as the
     /// programmatic dependent of the launch before it (every pass waits
-    /// before it reads what an earlier one wrote); `zero_tables` zeroes
-    /// the key tables first, where the caller has not (the first pass then
-    /// follows a memset, not stage 1, and starts after it).
+    /// before it reads what an earlier one wrote).
     ///
     /// # Safety
-    /// As [`Wgmma::launch_det_stage2`], `det` this plan's; without
-    /// `zero_tables`, the key tables were zeroed before stage 1.
+    /// As [`Wgmma::launch_det_stage2`], `det` this plan's; the key tables
+    /// zeroed on `stream` before (before stage 1, or after it as
+    /// [`Wgmma::launch_det_stage2`] does).
     unsafe fn det_passes(
         &self,
         stream: &CudaStream,
@@ -295,7 +299,6 @@ impl Wgmma {
         det: &DetKernels,
         p: GradParams,
         out: DetOut,
-        zero_tables: bool,
     ) -> Result<()> {
         let l = &det.layout;
         let ws = p.dk_accum;
@@ -323,9 +326,6 @@ impl Wgmma {
         // writes (`sm90::det`); the twins as the wgmma kernels
         // (`launch_pair_then_row`).
         unsafe {
-            if zero_tables {
-                zero_key_tables(stream, l, ws)?;
-            }
             gpu::launch_pdl(stream, &det.bounds, rows, DET_THREADS, DET_SMEM, &dp)?;
             let g = &det.key_grid;
             let bins = g.smem_bytes();
