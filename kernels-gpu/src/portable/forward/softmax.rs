@@ -78,10 +78,8 @@ pub(crate) unsafe fn rewrite(r: &Row<'_>, lse: f32) {
     let log = p.flags & FLAG_LOG_SCORE != 0;
     let dense = r.dense();
     let score = p.score as *mut u32;
-    if r.tid == 0 {
-        // SAFETY: one f32 per row.
-        unsafe { *(p.lse as *mut f32).add(r.row as usize) = lse };
-    }
+    // SAFETY: the launch contract.
+    unsafe { store_lse(r, lse) };
     let mut slot = if dense { r.n + r.tid } else { r.tid };
     while slot < p.cols {
         let mut v = [PAD_MARK; REWRITE_BATCH as usize];
@@ -99,20 +97,40 @@ pub(crate) unsafe fn rewrite(r: &Row<'_>, lse: f32) {
         while k < REWRITE_BATCH {
             let s = slot + k * THREADS;
             if s < p.cols {
-                let bits = v[k as usize];
-                let out = output(
-                    bits != PAD_MARK,
-                    f32::from_bits(bits),
-                    lse,
-                    dense,
-                    log,
-                    exp_fast,
-                );
+                let out = slot_output(v[k as usize], lse, dense, log);
                 // SAFETY: in the row's slots.
-                unsafe { *score.add(r.flat(s)) = out.to_bits() };
+                unsafe { *score.add(r.flat(s)) = out };
             }
             k += 1;
         }
         slot += REWRITE_BATCH * THREADS;
     }
+}
+
+/// Thread 0 of the row writes its log-sum-exp.
+///
+/// # Safety
+/// The launch contract: `lse` holds one f32 per row.
+#[inline(always)]
+pub(crate) unsafe fn store_lse(r: &Row<'_>, lse: f32) {
+    if r.tid == 0 {
+        // SAFETY: the caller's contract.
+        unsafe { *(r.p.lse as *mut f32).add(r.row as usize) = lse };
+    }
+}
+
+/// The bits a slot's output takes from what the walk left for it
+/// (`bits`: a logit, or [`PAD_MARK`] at padding): [`output`] with the
+/// kernels' exponential.
+#[inline(always)]
+pub(crate) fn slot_output(bits: u32, lse: f32, dense: bool, log: bool) -> u32 {
+    output(
+        bits != PAD_MARK,
+        f32::from_bits(bits),
+        lse,
+        dense,
+        log,
+        exp_fast,
+    )
+    .to_bits()
 }

@@ -32,9 +32,9 @@
 use super::load::{copy_ids, copy_q, fetch_weight, gather, resolve, store_weight};
 use crate::portable::forward::load::{load_weights, Row};
 use super::mma::{logits, my_slots, product, scaled, weights, Tile};
-use crate::portable::forward::softmax::{rewrite, row_lse};
+use crate::portable::forward::softmax::{rewrite, row_lse, slot_output, store_lse};
 use crate::portable::forward::{
-    self as fwd, exp_fast, output, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK,
+    self as fwd, exp_fast, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK,
 };
 use crate::abi::{FwdParams, FLAG_LOG_SCORE};
 use crate::ptx::{bulk, cp_async, smem as sh, sreg, sync};
@@ -280,10 +280,8 @@ impl Kept {
 #[inline(always)]
 unsafe fn rewrite_kept(r: &Row<'_>, lse: f32, kept: &Kept) {
     let p = r.p;
-    if r.tid == 0 {
-        // SAFETY: one f32 per row.
-        unsafe { *(p.lse as *mut f32).add(r.row as usize) = lse };
-    }
+    // SAFETY: the launch contract.
+    unsafe { store_lse(r, lse) };
     let lane = r.tid % 4;
     if lane >= 2 {
         return;
@@ -294,16 +292,9 @@ unsafe fn rewrite_kept(r: &Row<'_>, lse: f32, kept: &Kept) {
     for (c, &bits) in kept.0.iter().enumerate() {
         let s = c as u32 * CHUNK + slot;
         if s < p.cols {
-            let out = output(
-                bits != PAD_MARK,
-                f32::from_bits(bits),
-                lse,
-                false,
-                log,
-                exp_fast,
-            );
+            let out = slot_output(bits, lse, false, log);
             // SAFETY: a slot of the row (below cols).
-            unsafe { *(p.score as *mut u32).add(r.flat(s)) = out.to_bits() };
+            unsafe { *(p.score as *mut u32).add(r.flat(s)) = out };
         }
     }
 }
