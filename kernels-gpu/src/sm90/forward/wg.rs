@@ -33,9 +33,7 @@ use super::load::{copy_ids, copy_q, fetch_weight, gather, resolve, store_weight}
 use crate::portable::forward::load::{load_weights, Row};
 use super::mma::{logits, my_slots, product, scaled, weights, Tile};
 use crate::portable::forward::softmax::{rewrite, row_lse, slot_output, store_lse};
-use crate::portable::forward::{
-    self as fwd, exp_fast, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK,
-};
+use crate::portable::forward::{self as fwd, exp_fast, Lse, CHUNK, DIST, IDS_AHEAD, PAD_MARK};
 use crate::abi::{FwdParams, FLAG_LOG_SCORE};
 use crate::ptx::{bulk, cp_async, smem as sh, sreg, sync};
 use crate::sched::row_at;
